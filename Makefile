@@ -1,0 +1,33 @@
+# Two commands set everything up on a fresh machine: `make demo` and `make test`.
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV   := .venv
+BIN    := $(VENV)/bin
+
+.PHONY: demo test lint typecheck pytest clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+
+# Reinstall only when the project's metadata changes.
+$(VENV)/.installed: pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[test]'
+	touch $@
+
+demo: $(VENV)/.installed
+	$(BIN)/python examples/howto_hitl.py
+
+lint: $(VENV)/.installed
+	$(BIN)/ruff check core bot tests examples bench
+	$(BIN)/ruff format --check core bot tests examples bench
+
+typecheck: $(VENV)/.installed
+	$(BIN)/mypy core bot
+
+pytest: $(VENV)/.installed
+	$(BIN)/pytest
+
+test: lint typecheck pytest
+
+clean:
+	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache

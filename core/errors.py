@@ -1,0 +1,253 @@
+"""The errors nodbot raises, in one hierarchy.
+
+```
+NodbotError
+├── ToolUsageError                 a call that cannot be run as given (fails closed)
+│   ├── UnknownToolError           no tool of that name is registered
+│   ├── InvalidArgumentsError      the arguments (or an edit of them) fail validation
+│   └── ApprovalMismatchError      a stored approval belongs to another call
+├── ToolExecutionError             the tool itself raised
+├── ApprovalError                  the outcome of a review, or a misuse of the store
+│   ├── ApprovalPending            the call waits for a reviewer; nothing ran
+│   ├── ApprovalDenied             a reviewer (or a default) refused the call; nothing ran
+│   ├── ApprovalNotFound           no approval has that id
+│   ├── ApprovalAlreadyDecided     the first decision wins; this one came second
+│   ├── ApprovalNotDecided         consume() on an approval nobody has decided yet
+│   └── ApprovalAlreadyConsumed    the decision was spent by another call
+├── InvalidDecisionError           an answer that claims to be a decision but is malformed
+└── ConfigurationError             a tool, rule, predicate or port is set up wrongly
+```
+
+Every error carries structured, keyword-only attributes (`tool`, `approval_id`, `reason`,
+...) beside its message, so callers never parse text. Errors that a tool call can end in
+also carry a `kind`, the string that `ToolResult.error.kind` reports for them.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+__all__ = [
+    "ApprovalAlreadyConsumed",
+    "ApprovalAlreadyDecided",
+    "ApprovalDenied",
+    "ApprovalError",
+    "ApprovalMismatchError",
+    "ApprovalNotDecided",
+    "ApprovalNotFound",
+    "ApprovalPending",
+    "ConfigurationError",
+    "InvalidArgumentsError",
+    "InvalidDecisionError",
+    "NodbotError",
+    "ToolExecutionError",
+    "ToolUsageError",
+    "UnknownToolError",
+]
+
+
+class NodbotError(Exception):
+    """The base of every error nodbot raises on purpose."""
+
+    kind: ClassVar[str] = "error"
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+    def details(self) -> dict[str, Any]:
+        """The structured attributes of the error, as JSON-ready values."""
+        return {}
+
+
+class ToolUsageError(NodbotError):
+    """A call that cannot be run as given. Nothing ran and nothing was recorded."""
+
+    kind = "usage-error"
+
+    def __init__(self, message: str, *, tool: str) -> None:
+        super().__init__(message)
+        self.tool = tool
+
+    def details(self) -> dict[str, Any]:
+        return {"tool": self.tool}
+
+
+class UnknownToolError(ToolUsageError):
+    """No tool of that name is registered."""
+
+    kind = "unknown-tool"
+
+    def __init__(self, *, tool: str, known: list[str]) -> None:
+        listed = ", ".join(repr(name) for name in known) or "none"
+        super().__init__(f"unknown tool {tool!r}; registered tools: {listed}", tool=tool)
+        self.known = known
+
+    def details(self) -> dict[str, Any]:
+        return {"tool": self.tool, "known": self.known}
+
+
+class InvalidArgumentsError(ToolUsageError):
+    """The arguments of a call, or a reviewer's edit of them, fail the tool's validation.
+
+    `errors` lists one entry per offending field: `{"field": "amount", "message": ...}`.
+    """
+
+    kind = "invalid-arguments"
+
+    def __init__(self, *, tool: str, errors: list[dict[str, str]], source: str = "arguments"):
+        listed = "; ".join(f"{error['field']}: {error['message']}" for error in errors)
+        super().__init__(f"invalid {source} for tool {tool!r}: {listed}", tool=tool)
+        self.errors = errors
+        self.source = source
+
+    def details(self) -> dict[str, Any]:
+        return {"tool": self.tool, "errors": self.errors, "source": self.source}
+
+
+class ApprovalMismatchError(ToolUsageError):
+    """A stored approval for this run and call id was made for another tool or arguments.
+
+    The call fails closed: an approval never carries over to a call it was not given for.
+    """
+
+    kind = "approval-mismatch"
+
+    def __init__(self, *, tool: str, approval_id: str, reason: str) -> None:
+        super().__init__(
+            f"approval {approval_id} does not match this call of {tool!r}: {reason}", tool=tool
+        )
+        self.approval_id = approval_id
+        self.reason = reason
+
+    def details(self) -> dict[str, Any]:
+        return {"tool": self.tool, "approval_id": self.approval_id, "reason": self.reason}
+
+
+class ToolExecutionError(NodbotError):
+    """The tool raised. The original exception is the `__cause__`."""
+
+    kind = "tool-failed"
+
+    def __init__(self, *, tool: str, error: BaseException) -> None:
+        super().__init__(f"tool {tool!r} failed: {type(error).__name__}: {error}")
+        self.tool = tool
+        self.error_type = type(error).__name__
+
+    def details(self) -> dict[str, Any]:
+        return {"tool": self.tool, "error_type": self.error_type}
+
+
+class ApprovalError(NodbotError):
+    """An outcome of a review, or a misuse of an approval store."""
+
+    kind = "approval-error"
+
+    def __init__(self, message: str, *, approval_id: str | None) -> None:
+        super().__init__(message)
+        self.approval_id = approval_id
+
+    def details(self) -> dict[str, Any]:
+        return {"approval_id": self.approval_id}
+
+
+class ApprovalPending(ApprovalError):
+    """The call waits for a reviewer. Nothing ran; resume with the same run and call id."""
+
+    kind = "approval-pending"
+
+    def __init__(self, *, tool: str, approval_id: str) -> None:
+        super().__init__(f"approval pending for tool {tool!r}", approval_id=approval_id)
+        self.tool = tool
+
+    def details(self) -> dict[str, Any]:
+        return {"approval_id": self.approval_id, "tool": self.tool}
+
+
+class ApprovalDenied(ApprovalError):
+    """The call was refused (by a reviewer, a port or a default). Nothing ran."""
+
+    kind = "approval-denied"
+
+    def __init__(
+        self,
+        *,
+        tool: str,
+        reason: str | None,
+        approval_id: str | None = None,
+        decided_by: str | None = None,
+    ) -> None:
+        message = f"approval denied for tool {tool!r}"
+        super().__init__(f"{message}: {reason}" if reason else message, approval_id=approval_id)
+        self.tool = tool
+        self.reason = reason
+        self.decided_by = decided_by
+
+    def details(self) -> dict[str, Any]:
+        return {
+            "approval_id": self.approval_id,
+            "tool": self.tool,
+            "reason": self.reason,
+            "decided_by": self.decided_by,
+        }
+
+
+class ApprovalNotFound(ApprovalError):
+    """No approval has that id."""
+
+    kind = "approval-not-found"
+
+    def __init__(self, *, approval_id: str) -> None:
+        super().__init__(f"no approval with id {approval_id!r}", approval_id=approval_id)
+
+
+class ApprovalAlreadyDecided(ApprovalError):
+    """The approval was decided before: the first decision wins and this one is refused."""
+
+    kind = "approval-already-decided"
+
+    def __init__(self, *, approval_id: str, decided_by: str | None) -> None:
+        by = f" by {decided_by}" if decided_by else ""
+        super().__init__(f"approval {approval_id} was already decided{by}", approval_id=approval_id)
+        self.decided_by = decided_by
+
+    def details(self) -> dict[str, Any]:
+        return {"approval_id": self.approval_id, "decided_by": self.decided_by}
+
+
+class ApprovalNotDecided(ApprovalError):
+    """consume() was called on an approval that is still pending."""
+
+    kind = "approval-not-decided"
+
+    def __init__(self, *, approval_id: str) -> None:
+        super().__init__(f"approval {approval_id} is not decided yet", approval_id=approval_id)
+
+
+class ApprovalAlreadyConsumed(ApprovalError):
+    """The decision was already spent by a call: a decision is used at most once."""
+
+    kind = "approval-already-consumed"
+
+    def __init__(self, *, approval_id: str) -> None:
+        super().__init__(f"approval {approval_id} was already used", approval_id=approval_id)
+
+
+class InvalidDecisionError(NodbotError):
+    """An answer that claims to be a decision (a `ToolDecision` or `Decision` dict) but is not
+    well formed. Nothing is recorded."""
+
+    kind = "invalid-decision"
+
+    def __init__(self, message: str, *, errors: list[dict[str, str]]) -> None:
+        super().__init__(message)
+        self.errors = errors
+
+    def details(self) -> dict[str, Any]:
+        return {"errors": self.errors}
+
+
+class ConfigurationError(NodbotError):
+    """A tool, rule, predicate or port is set up wrongly (raised where it is set up)."""
+
+    kind = "configuration-error"

@@ -1,0 +1,193 @@
+"""The executor: validates a call, asks for review when a rule says so, and runs the tool.
+
+```
+run_call(call, ctx)
+  ├─ unknown tool / invalid arguments ─────────────► error (nothing recorded)
+  ├─ no review needed ─────────────────────────────► the tool runs
+  └─ review needed ─► port.request
+                        ├─ Waiting ─────────────────► pending (nothing ran)
+                        ├─ denied ──────────────────► approval-denied (nothing ran)
+                        └─ approved ─► edit merged and validated again ─► the tool runs once
+```
+
+`run_call` reports every outcome in its `ToolResult` and never raises for them; `run`
+returns the value or raises the matching `NodbotError`.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+from core.calls import ToolCall, ToolContext, ToolError, ToolResult, new_id
+from core.decisions import as_decision, merge_edit
+from core.errors import (
+    ApprovalDenied,
+    ApprovalPending,
+    ConfigurationError,
+    NodbotError,
+    ToolExecutionError,
+)
+from core.ports import NO_PORT_REASON, ApprovalPort, Decided, DeferredApproval, Waiting
+from core.rules import InterruptRule, should_interrupt
+from core.store import ApprovalRecord, ApprovalRequest
+from core.tools import Tool, ToolRegistry, ValidatedArguments, arguments_digest
+
+__all__ = ["Executor"]
+
+log = logging.getLogger(__name__)
+
+
+class Executor:
+    """Runs tool calls from `registry`, pausing the ones that need review.
+
+    A call needs review when its tool's `confirm` says so or when one of `rules` matches it.
+    Without an `approval` port every such call is denied ("no approval port configured").
+    """
+
+    def __init__(
+        self,
+        registry: ToolRegistry,
+        *,
+        approval: ApprovalPort | None = None,
+        rules: Sequence[InterruptRule] = (),
+    ) -> None:
+        self.registry = registry
+        self.approval = approval
+        self.rules = tuple(rules)
+
+    def context(
+        self,
+        run_id: str | None = None,
+        *,
+        requested_by: str | None = None,
+        metadata: dict[str, Any] | None = None,
+    ) -> ToolContext:
+        """A context for one run. Keep its `run_id`: a resume must use the same one."""
+        return ToolContext(
+            run_id=run_id or new_id("run_"),
+            executor=self,
+            requested_by=requested_by,
+            metadata=dict(metadata or {}),
+        )
+
+    async def run_call(self, call: ToolCall, ctx: ToolContext) -> ToolResult:
+        """Run one call; every outcome, pending included, comes back as a `ToolResult`."""
+        try:
+            value, arguments = await self._execute(call, ctx)
+        except ApprovalPending as pending:
+            return ToolResult("pending", error=_error(pending))
+        except NodbotError as error:
+            return ToolResult("error", error=_error(error))
+        return ToolResult("ok", value=value, arguments=arguments)
+
+    async def run(self, call: ToolCall, ctx: ToolContext) -> Any:
+        """Run one call and return the tool's value.
+
+        Raises `ApprovalPending` (with `.approval_id`), `ApprovalDenied`, `UnknownToolError`,
+        `InvalidArgumentsError`, `ApprovalMismatchError` or `ToolExecutionError`.
+        """
+        value, _ = await self._execute(call, ctx)
+        return value
+
+    async def decide(
+        self,
+        approval_id: str,
+        answer: object,
+        *,
+        decided_by: str | None = None,
+        channel: str | None = None,
+    ) -> ApprovalRecord:
+        """Record a reviewer's answer (any form `as_decision` takes) on a stored approval.
+
+        An edit is merged and validated with the tool's model first; an invalid one raises
+        `InvalidArgumentsError` and nothing is recorded. Raises `ApprovalNotFound`,
+        `ApprovalAlreadyDecided`, `InvalidDecisionError`, and `ConfigurationError` when the
+        executor has no `DeferredApproval` port.
+        """
+        if not isinstance(self.approval, DeferredApproval):
+            raise ConfigurationError("decide() needs an executor with a DeferredApproval port")
+        store = self.approval.store
+        decision = as_decision(answer, decided_by=decided_by)
+        record = await store.get(approval_id)
+        if decision.edited_args is not None:
+            tool = self.registry.get(record.request.tool)
+            merged = merge_edit(record.request.arguments, decision.edited_args)
+            tool.validate(merged, source="edited arguments")
+        return await store.decide(approval_id, decision, channel=channel)
+
+    async def needs_review(self, tool: Tool, call: ToolCall, ctx: ToolContext) -> bool:
+        """Whether the call must wait for a decision. A rule that raises means yes."""
+        if should_interrupt(self.rules, tool.name, call.arguments):
+            return True
+        if isinstance(tool.confirm, bool):
+            return tool.confirm
+        try:
+            verdict = tool.confirm(call, ctx)
+            if inspect.isawaitable(verdict):
+                verdict = await verdict
+            return bool(verdict)
+        except Exception:
+            log.exception("confirm rule of %s raised; the call is reviewed", tool.name)
+            return True
+
+    async def _execute(self, call: ToolCall, ctx: ToolContext) -> tuple[Any, dict[str, Any]]:
+        tool = self.registry.get(call.name)
+        validated = tool.validate(call.arguments)
+        checked = call.model_copy(update={"arguments": validated.canonical})
+        if not await self.needs_review(tool, checked, ctx):
+            return await self._invoke(tool, validated, ctx), validated.canonical
+        if self.approval is None:
+            raise ApprovalDenied(tool=tool.name, reason=NO_PORT_REASON, decided_by="nodbot")
+        request = ApprovalRequest(
+            run_id=ctx.run_id,
+            call_id=call.id,
+            tool=tool.name,
+            arguments=validated.canonical,
+            digest=arguments_digest(validated.canonical),
+            requested_by=ctx.requested_by,
+        )
+        answer = await self.approval.request(request)
+        if isinstance(answer, Waiting):
+            raise ApprovalPending(tool=tool.name, approval_id=answer.approval_id)
+        decision = answer.decision
+        if not decision.approved:
+            raise ApprovalDenied(
+                tool=tool.name,
+                reason=decision.reason,
+                approval_id=answer.approval_id,
+                decided_by=decision.decided_by,
+            )
+        return await self._run_approved(tool, validated, answer, ctx)
+
+    async def _run_approved(
+        self, tool: Tool, validated: ValidatedArguments, answer: Decided, ctx: ToolContext
+    ) -> tuple[Any, dict[str, Any]]:
+        assert self.approval is not None
+        outcome = "cancelled"
+        try:
+            edited = answer.decision.edited_args
+            if edited is not None:
+                merged = merge_edit(validated.canonical, edited)
+                validated = tool.validate(merged, source="edited arguments")
+            value = await self._invoke(tool, validated, ctx)
+            outcome = "ok"
+            return value, validated.canonical
+        except NodbotError as error:
+            outcome = error.kind
+            raise
+        finally:
+            # The decision is spent whatever happened: it must never run a second call.
+            await self.approval.settle(answer, outcome=outcome)
+
+    async def _invoke(self, tool: Tool, validated: ValidatedArguments, ctx: ToolContext) -> Any:
+        try:
+            return await tool.invoke(validated.values, ctx)
+        except Exception as exc:
+            raise ToolExecutionError(tool=tool.name, error=exc) from exc
+
+
+def _error(error: NodbotError) -> ToolError:
+    return ToolError(kind=error.kind, message=error.message, details=error.details())

@@ -1,0 +1,160 @@
+"""Approval ports: how the executor gets a decision for a call that needs review.
+
+| port                     | use when                                                      |
+|--------------------------|---------------------------------------------------------------|
+| `AutoDeny(reason=...)`   | no reviewer exists (read-only mode, batch jobs)               |
+| `CallbackApproval(fn)`   | the decision is made in-process, now (a prompt, a policy)     |
+| `DeferredApproval(store)`| a person decides later, elsewhere (Slack, email, a web page)  |
+| none                     | every call that needs review is denied                        |
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Protocol, TypeAlias, runtime_checkable
+
+from core.decisions import Decision, as_decision
+from core.errors import ApprovalAlreadyConsumed, ApprovalMismatchError
+from core.store import CONCURRENT_USE_REASON, ApprovalRecord, ApprovalRequest, ApprovalStore
+
+__all__ = [
+    "NO_PORT_REASON",
+    "ApprovalPort",
+    "AutoDeny",
+    "CallbackApproval",
+    "Decided",
+    "DeferredApproval",
+    "PortAnswer",
+    "Waiting",
+]
+
+log = logging.getLogger(__name__)
+
+NO_PORT_REASON = "no approval port configured"
+
+
+@dataclass(frozen=True)
+class Decided:
+    """The port has a decision for the call, to apply now."""
+
+    decision: Decision
+    approval_id: str | None = None
+    """The stored approval the decision came from, if any."""
+
+
+@dataclass(frozen=True)
+class Waiting:
+    """Nobody has decided yet; the call pauses."""
+
+    approval_id: str
+
+
+PortAnswer: TypeAlias = Decided | Waiting
+
+
+@runtime_checkable
+class ApprovalPort(Protocol):
+    """Answers review requests for an executor."""
+
+    async def request(self, request: ApprovalRequest) -> PortAnswer:
+        """A decision for the call, or `Waiting`. May raise `ApprovalMismatchError`."""
+        ...
+
+    async def settle(self, answer: Decided, *, outcome: str) -> None:
+        """Called once an approved call has ended (`ok`, `error`, `cancelled`, ...)."""
+        ...
+
+
+def _denied(reason: str, decided_by: str) -> Decision:
+    return Decision(approved=False, reason=reason, decided_by=decided_by)
+
+
+class AutoDeny:
+    """Denies every call that needs review, with `reason`."""
+
+    def __init__(self, reason: str = "calls that need review are denied here") -> None:
+        self.reason = reason
+
+    async def request(self, request: ApprovalRequest) -> PortAnswer:
+        return Decided(_denied(self.reason, "nodbot:auto-deny"))
+
+    async def settle(self, answer: Decided, *, outcome: str) -> None:
+        return None
+
+
+ApprovalCallback: TypeAlias = Callable[[ApprovalRequest], object | Awaitable[object]]
+
+
+class CallbackApproval:
+    """Asks `fn(request)` (sync or async) now; its answer goes through `as_decision`.
+
+    A callback that raises denies the call: a failed check must not let a call through.
+    """
+
+    def __init__(self, fn: ApprovalCallback, *, name: str = "callback") -> None:
+        self.fn = fn
+        self.name = name
+
+    async def request(self, request: ApprovalRequest) -> PortAnswer:
+        decided_by = f"nodbot:{self.name}"
+        try:
+            answer = self.fn(request)
+            if inspect.isawaitable(answer):
+                answer = await answer
+            return Decided(as_decision(answer, decided_by=decided_by))
+        except Exception as exc:
+            log.exception(
+                "approval callback failed for %s (call %s)", request.tool, request.call_id
+            )
+            return Decided(_denied(f"approval callback failed: {type(exc).__name__}", decided_by))
+
+    async def settle(self, answer: Decided, *, outcome: str) -> None:
+        return None
+
+
+class DeferredApproval:
+    """Stores the request and pauses; a later call with the same run and call id takes the
+    decision, once.
+
+    - No active record: one is created, pending, and the call waits.
+    - A record for another tool or other arguments: `ApprovalMismatchError` (fail closed).
+    - Decided: the decision is consumed. A call that loses the race for it, or comes while
+      the winner still runs, is denied with "approval already used by a concurrent request".
+    - Finished: history; the same call asked again opens a new review.
+    """
+
+    def __init__(self, store: ApprovalStore, *, actor: str | None = None) -> None:
+        self.store = store
+        self.actor = actor
+
+    async def request(self, request: ApprovalRequest) -> PortAnswer:
+        record = await self.store.create(request)
+        _check_binding(record, request)
+        if record.decision is None:
+            return Waiting(record.approval_id)
+        try:
+            record = await self.store.consume(record.approval_id, actor=self.actor)
+        except ApprovalAlreadyConsumed:
+            return Decided(_denied(CONCURRENT_USE_REASON, "nodbot"), record.approval_id)
+        assert record.decision is not None  # consume() only succeeds on decided records
+        return Decided(record.decision, record.approval_id)
+
+    async def settle(self, answer: Decided, *, outcome: str) -> None:
+        if answer.approval_id is not None and answer.decision.approved:
+            await self.store.finish(answer.approval_id, outcome=outcome)
+
+
+def _check_binding(record: ApprovalRecord, request: ApprovalRequest) -> None:
+    stored = record.request
+    reason = None
+    if stored.tool != request.tool:
+        reason = f"it was made for tool {stored.tool!r}"
+    elif stored.digest != request.digest:
+        reason = "it was made for other arguments"
+    if reason is not None:
+        raise ApprovalMismatchError(
+            tool=request.tool, approval_id=record.approval_id, reason=reason
+        )

@@ -1,0 +1,231 @@
+"""Which calls need a person: interrupt rules and the predicates they test arguments with.
+
+```python
+rules = [InterruptRule(tool="refund", match=gt("amount", 100))]
+should_interrupt(rules, "refund", {"amount": 120.0})   # True
+```
+
+A predicate that raises (a missing argument, a string compared with a number) counts as a
+match: when in doubt, a person is asked. Regular expressions are searched (`re.search`), so
+anchor them with `^` and `$` to match a whole value.
+"""
+
+from __future__ import annotations
+
+import operator
+import re
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any, TypeAlias
+
+from core.errors import ConfigurationError
+
+__all__ = [
+    "ArgumentTest",
+    "Comparison",
+    "FieldPatterns",
+    "InterruptRule",
+    "Matches",
+    "Predicate",
+    "all_fields",
+    "any_field",
+    "eq",
+    "ge",
+    "gt",
+    "le",
+    "lt",
+    "matches",
+    "should_interrupt",
+]
+
+ArgumentTest: TypeAlias = Callable[[Mapping[str, Any]], bool]
+"""Anything that takes a call's arguments and says whether the rule applies."""
+
+_OPERATORS: dict[str, Callable[[Any, Any], bool]] = {
+    "gt": operator.gt,
+    "ge": operator.ge,
+    "lt": operator.lt,
+    "le": operator.le,
+    "eq": operator.eq,
+}
+
+
+class Predicate(ABC):
+    """A named test on a call's arguments. May raise; callers treat raising as a match."""
+
+    @abstractmethod
+    def __call__(self, arguments: Mapping[str, Any]) -> bool:
+        """Whether the arguments match."""
+
+    @abstractmethod
+    def describe(self) -> str:
+        """A short text such as `amount > 100`, for reviewers and logs."""
+
+
+@dataclass(frozen=True)
+class Comparison(Predicate):
+    """`arguments[field] <op> value`, for op in gt, ge, lt, le, eq."""
+
+    op: str
+    field: str
+    value: Any
+
+    def __call__(self, arguments: Mapping[str, Any]) -> bool:
+        return bool(_OPERATORS[self.op](arguments[self.field], self.value))
+
+    def describe(self) -> str:
+        symbol = {"gt": ">", "ge": ">=", "lt": "<", "le": "<=", "eq": "=="}[self.op]
+        return f"{self.field} {symbol} {self.value!r}"
+
+
+@dataclass(frozen=True)
+class Matches(Predicate):
+    """The string argument `field` contains a match of the regular expression `pattern`."""
+
+    field: str
+    pattern: str
+
+    def __post_init__(self) -> None:
+        _compile(self.pattern, self.field)
+
+    def __call__(self, arguments: Mapping[str, Any]) -> bool:
+        value = arguments[self.field]
+        if not isinstance(value, str):
+            raise TypeError(f"{self.field} is {type(value).__name__}, not a string")
+        return _compile(self.pattern, self.field).search(value) is not None
+
+    def describe(self) -> str:
+        return f"{self.field} matches {self.pattern!r}"
+
+
+@dataclass(frozen=True)
+class FieldPatterns(Predicate):
+    """Several `matches` at once: all of them (`all_fields`) or any of them (`any_field`)."""
+
+    patterns: tuple[tuple[str, str], ...]
+    require_all: bool
+
+    def __post_init__(self) -> None:
+        if not self.patterns:
+            raise ConfigurationError("all_fields / any_field need at least one field: pattern")
+        for field, pattern in self.patterns:
+            _compile(pattern, field)
+
+    def __call__(self, arguments: Mapping[str, Any]) -> bool:
+        results = (Matches(field, pattern)(arguments) for field, pattern in self.patterns)
+        return all(results) if self.require_all else any(results)
+
+    def describe(self) -> str:
+        joiner = " and " if self.require_all else " or "
+        return joiner.join(f"{field} matches {pattern!r}" for field, pattern in self.patterns)
+
+
+def _compile(pattern: str, field: str) -> re.Pattern[str]:
+    if not isinstance(pattern, str):
+        raise ConfigurationError(f"the pattern for {field!r} must be a string, not {pattern!r}")
+    try:
+        return re.compile(pattern)
+    except re.error as exc:
+        raise ConfigurationError(
+            f"the pattern for {field!r} is not a valid regular expression: {exc}"
+        ) from None
+
+
+def _comparison(op: str, field: str, value: Any) -> Comparison:
+    if not isinstance(field, str) or not field:
+        raise ConfigurationError(f"{op}() needs an argument name, not {field!r}")
+    return Comparison(op, field, value)
+
+
+def gt(field: str, value: Any) -> Comparison:
+    """The argument is greater than `value`."""
+    return _comparison("gt", field, value)
+
+
+def ge(field: str, value: Any) -> Comparison:
+    """The argument is greater than or equal to `value`."""
+    return _comparison("ge", field, value)
+
+
+def lt(field: str, value: Any) -> Comparison:
+    """The argument is less than `value`."""
+    return _comparison("lt", field, value)
+
+
+def le(field: str, value: Any) -> Comparison:
+    """The argument is less than or equal to `value`."""
+    return _comparison("le", field, value)
+
+
+def eq(field: str, value: Any) -> Comparison:
+    """The argument equals `value`."""
+    return _comparison("eq", field, value)
+
+
+def matches(field: str, pattern: str) -> Matches:
+    """The string argument contains a match of the regular expression `pattern`."""
+    return Matches(field, pattern)
+
+
+def _patterns(
+    patterns: Mapping[str, str] | None, more: Mapping[str, str]
+) -> tuple[tuple[str, str], ...]:
+    return tuple({**(patterns or {}), **more}.items())
+
+
+def all_fields(patterns: Mapping[str, str] | None = None, /, **more: str) -> FieldPatterns:
+    """Every named argument matches its pattern: `all_fields(to=r"@ext\\.com$", cc=...)`."""
+    return FieldPatterns(_patterns(patterns, more), require_all=True)
+
+
+def any_field(patterns: Mapping[str, str] | None = None, /, **more: str) -> FieldPatterns:
+    """At least one named argument matches its pattern."""
+    return FieldPatterns(_patterns(patterns, more), require_all=False)
+
+
+@dataclass(frozen=True)
+class InterruptRule:
+    """Calls of `tool` (a name, or `"*"` for every tool) need review when `match` holds.
+
+    Without `match` every call of the tool is reviewed.
+    """
+
+    tool: str
+    """A tool name, or `"*"` for every tool."""
+    match: ArgumentTest | None = None
+    """A predicate on the arguments; raising counts as a match."""
+    description: str | None = None
+    """Why the rule exists, shown to reviewers."""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.tool, str) or not self.tool:
+            raise ConfigurationError(
+                f"InterruptRule.tool must be a tool name or '*', not {self.tool!r}"
+            )
+        if self.match is not None and not callable(self.match):
+            raise ConfigurationError(
+                f"InterruptRule.match for {self.tool!r} must be a predicate, not {self.match!r}"
+            )
+
+    def applies_to(self, tool: str) -> bool:
+        """Whether the rule names this tool."""
+        return self.tool in ("*", tool)
+
+    def matches(self, arguments: Mapping[str, Any]) -> bool:
+        """Whether a call with these arguments needs review. Fails closed."""
+        if self.match is None:
+            return True
+        try:
+            return bool(self.match(arguments))
+        except Exception:
+            # A predicate that cannot decide (missing argument, wrong type) must not let the
+            # call through unreviewed.
+            return True
+
+
+def should_interrupt(
+    rules: Iterable[InterruptRule], tool: str, arguments: Mapping[str, Any]
+) -> bool:
+    """Whether any rule asks for review of this call."""
+    return any(rule.applies_to(tool) and rule.matches(arguments) for rule in rules)

@@ -1,0 +1,324 @@
+"""Approval stores: where pending calls wait, decisions are recorded and spent once.
+
+One Protocol, `ApprovalStore`, with one implementation per backend; every implementation
+passes the same conformance suite. The life of a record:
+
+```
+create ──► pending ──decide──► approved / denied ──consume──► in flight ──finish──► finished
+                                                   (a denial is finished when consumed)
+```
+
+- `create` is create-if-absent: a call (run id, call id) has at most one *active* (not
+  finished) record, and `create` returns it when it exists.
+- `decide` records the first decision; a second raises `ApprovalAlreadyDecided`.
+- `consume` spends the decision once; a second raises `ApprovalAlreadyConsumed`.
+- Once finished, a record is history: the same call asked again gets a new review.
+
+Every change, and every refused attempt, appends an `ApprovalEvent`; none is changed later.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime
+from typing import Any, Literal, Protocol, TypeAlias, runtime_checkable
+
+from core.calls import new_id
+from core.decisions import Decision, ToolInterrupt
+from core.errors import (
+    ApprovalAlreadyConsumed,
+    ApprovalAlreadyDecided,
+    ApprovalError,
+    ApprovalNotDecided,
+    ApprovalNotFound,
+)
+
+__all__ = [
+    "CONCURRENT_USE_REASON",
+    "ApprovalEvent",
+    "ApprovalRecord",
+    "ApprovalRequest",
+    "ApprovalStatus",
+    "ApprovalStore",
+    "EventKind",
+    "MemoryApprovalStore",
+]
+
+ApprovalStatus: TypeAlias = Literal["pending", "approved", "denied"]
+EventKind: TypeAlias = Literal["created", "decided", "consumed", "finished", "refused"]
+Clock: TypeAlias = Callable[[], datetime]
+
+CONCURRENT_USE_REASON = "approval already used by a concurrent request"
+"""The reason given to a call that lost the race for a decision."""
+
+
+def utc_now() -> datetime:
+    """The current time, timezone-aware, in UTC."""
+    return datetime.now(UTC)
+
+
+@dataclass(frozen=True)
+class ApprovalRequest:
+    """One call that waits for review: what is stored and what binds a decision to it."""
+
+    run_id: str
+    call_id: str
+    tool: str
+    arguments: dict[str, Any]
+    """The validated arguments (JSON values), as the reviewer sees them."""
+    digest: str
+    """SHA-256 of the canonical arguments; a decision only answers a call with this digest."""
+    requested_by: str | None = None
+    """Who started the run."""
+
+    @property
+    def interrupt(self) -> ToolInterrupt:
+        """The call as a reviewer sees it."""
+        return ToolInterrupt(self.tool, self.call_id, self.arguments)
+
+
+@dataclass(frozen=True)
+class ApprovalRecord:
+    """A stored approval: the request, the decision, and how far it has been used."""
+
+    approval_id: str
+    request: ApprovalRequest
+    created_at: datetime
+    decision: Decision | None = None
+    decided_at: datetime | None = None
+    consumed_at: datetime | None = None
+    """When a call took the decision (a decision is taken once)."""
+    finished_at: datetime | None = None
+    """When the call that took the decision ended; the record is then history."""
+    outcome: str | None = None
+    """How that call ended: `ok`, `error`, `denied`, ..."""
+
+    @property
+    def status(self) -> ApprovalStatus:
+        """`pending` until decided, then `approved` or `denied`."""
+        if self.decision is None:
+            return "pending"
+        return "approved" if self.decision.approved else "denied"
+
+    @property
+    def consumed(self) -> bool:
+        """Whether the decision has been spent."""
+        return self.consumed_at is not None
+
+    @property
+    def finished(self) -> bool:
+        """Whether the call that spent the decision has ended."""
+        return self.finished_at is not None
+
+
+@dataclass(frozen=True)
+class ApprovalEvent:
+    """One line of the audit log. Events are appended and never changed."""
+
+    seq: int
+    approval_id: str
+    kind: EventKind
+    at: datetime
+    actor: str | None = None
+    """Who acted: the decider, or the process that consumed."""
+    channel: str | None = None
+    """Through which channel: `api`, `slack`, `email`, `web`, `executor`, ..."""
+    detail: dict[str, Any] = field(default_factory=dict)
+    """For `refused`: `{"reason": ...}`; for `decided`: the outcome; for `finished`: the outcome."""
+
+
+_Records: TypeAlias = list[ApprovalRecord]
+_Events: TypeAlias = list[ApprovalEvent]
+
+
+@runtime_checkable
+class ApprovalStore(Protocol):
+    """Where approvals live. Every method is atomic; none reads then writes unguarded."""
+
+    async def create(self, request: ApprovalRequest) -> ApprovalRecord:
+        """The active record of the request's call, created pending if there is none."""
+        ...
+
+    async def get(self, approval_id: str) -> ApprovalRecord:
+        """The record with this id. Raises `ApprovalNotFound`."""
+        ...
+
+    async def find(self, run_id: str, call_id: str) -> ApprovalRecord | None:
+        """The newest record of this call, finished or not, or None."""
+        ...
+
+    async def list(
+        self,
+        *,
+        run_id: str | None = None,
+        status: ApprovalStatus | None = None,
+        limit: int | None = None,
+    ) -> _Records:
+        """Records in creation order, filtered by run and status."""
+        ...
+
+    async def decide(
+        self, approval_id: str, decision: Decision, *, channel: str | None = None
+    ) -> ApprovalRecord:
+        """Record the decision. Raises `ApprovalNotFound`, `ApprovalAlreadyDecided`."""
+        ...
+
+    async def consume(self, approval_id: str, *, actor: str | None = None) -> ApprovalRecord:
+        """Spend the decision, once. A denial is finished at once.
+
+        Raises `ApprovalNotFound`, `ApprovalNotDecided`, `ApprovalAlreadyConsumed`.
+        """
+        ...
+
+    async def finish(self, approval_id: str, *, outcome: str) -> ApprovalRecord:
+        """Mark the call that consumed the decision as ended. Finishing twice changes nothing."""
+        ...
+
+    async def events(self, approval_id: str | None = None) -> _Events:
+        """The audit log, oldest first, for one approval or all."""
+        ...
+
+
+class MemoryApprovalStore:
+    """An `ApprovalStore` in this process's memory: for tests, examples and single runs."""
+
+    def __init__(self, *, clock: Clock = utc_now) -> None:
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._records: dict[str, ApprovalRecord] = {}
+        self._active: dict[tuple[str, str], str] = {}
+        self._newest: dict[tuple[str, str], str] = {}
+        self._events: _Events = []
+
+    async def create(self, request: ApprovalRequest) -> ApprovalRecord:
+        key = (request.run_id, request.call_id)
+        with self._lock:
+            active = self._active.get(key)
+            if active is not None:
+                return self._records[active]
+            record = ApprovalRecord(new_id("apr_"), request, created_at=self._clock())
+            self._records[record.approval_id] = record
+            self._active[key] = self._newest[key] = record.approval_id
+            self._log(record.approval_id, "created", actor=request.requested_by)
+            return record
+
+    async def get(self, approval_id: str) -> ApprovalRecord:
+        with self._lock:
+            return self._get(approval_id)
+
+    async def find(self, run_id: str, call_id: str) -> ApprovalRecord | None:
+        with self._lock:
+            newest = self._newest.get((run_id, call_id))
+            return None if newest is None else self._records[newest]
+
+    async def list(
+        self,
+        *,
+        run_id: str | None = None,
+        status: ApprovalStatus | None = None,
+        limit: int | None = None,
+    ) -> _Records:
+        with self._lock:
+            found = [
+                record
+                for record in self._records.values()
+                if (run_id is None or record.request.run_id == run_id)
+                and (status is None or record.status == status)
+            ]
+        return found if limit is None else found[:limit]
+
+    async def decide(
+        self, approval_id: str, decision: Decision, *, channel: str | None = None
+    ) -> ApprovalRecord:
+        with self._lock:
+            record = self._get(approval_id)
+            if record.decision is not None:
+                self._refuse(approval_id, "already decided", decision.decided_by, channel)
+                raise ApprovalAlreadyDecided(
+                    approval_id=approval_id, decided_by=record.decision.decided_by
+                )
+            record = replace(record, decision=decision, decided_at=self._clock())
+            self._records[approval_id] = record
+            self._log(
+                approval_id,
+                "decided",
+                actor=decision.decided_by,
+                channel=channel,
+                detail={"status": record.status},
+            )
+            return record
+
+    async def consume(self, approval_id: str, *, actor: str | None = None) -> ApprovalRecord:
+        with self._lock:
+            record = self._get(approval_id)
+            if record.decision is None:
+                self._refuse(approval_id, "not decided", actor, "executor")
+                raise ApprovalNotDecided(approval_id=approval_id)
+            if record.consumed:
+                self._refuse(approval_id, CONCURRENT_USE_REASON, actor, "executor")
+                raise ApprovalAlreadyConsumed(approval_id=approval_id)
+            now = self._clock()
+            record = replace(record, consumed_at=now)
+            self._log(approval_id, "consumed", actor=actor, channel="executor")
+            if record.status == "denied":
+                record = self._finish(record, "denied", now)
+            self._records[approval_id] = record
+            return record
+
+    async def finish(self, approval_id: str, *, outcome: str) -> ApprovalRecord:
+        with self._lock:
+            record = self._get(approval_id)
+            if record.finished:
+                return record
+            if not record.consumed:
+                raise ApprovalError(
+                    f"approval {approval_id} cannot finish: no call has consumed it",
+                    approval_id=approval_id,
+                )
+            record = self._finish(record, outcome, self._clock())
+            self._records[approval_id] = record
+            return record
+
+    async def events(self, approval_id: str | None = None) -> _Events:
+        with self._lock:
+            return [e for e in self._events if approval_id in (None, e.approval_id)]
+
+    def _get(self, approval_id: str) -> ApprovalRecord:
+        try:
+            return self._records[approval_id]
+        except KeyError:
+            raise ApprovalNotFound(approval_id=approval_id) from None
+
+    def _finish(self, record: ApprovalRecord, outcome: str, now: datetime) -> ApprovalRecord:
+        key = (record.request.run_id, record.request.call_id)
+        if self._active.get(key) == record.approval_id:
+            del self._active[key]
+        self._log(record.approval_id, "finished", channel="executor", detail={"outcome": outcome})
+        return replace(record, finished_at=now, outcome=outcome)
+
+    def _refuse(
+        self, approval_id: str, reason: str, actor: str | None, channel: str | None
+    ) -> None:
+        self._log(approval_id, "refused", actor=actor, channel=channel, detail={"reason": reason})
+
+    def _log(
+        self,
+        approval_id: str,
+        kind: EventKind,
+        *,
+        actor: str | None = None,
+        channel: str | None = None,
+        detail: dict[str, Any] | None = None,
+    ) -> None:
+        event = ApprovalEvent(
+            seq=len(self._events) + 1,
+            approval_id=approval_id,
+            kind=kind,
+            at=self._clock(),
+            actor=actor,
+            channel=channel,
+            detail=detail or {},
+        )
+        self._events.append(event)
