@@ -1,0 +1,232 @@
+"""The rules every `ApprovalStore` follows (003: first decision wins, one use, binding)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from core import (
+    ApprovalAlreadyConsumed,
+    ApprovalAlreadyDecided,
+    ApprovalError,
+    ApprovalNotDecided,
+    ApprovalNotFound,
+    ApprovalRequest,
+    ApprovalStore,
+    Decision,
+    arguments_digest,
+)
+
+APPROVE = Decision(approved=True, decided_by="ana")
+DENY = Decision(approved=False, reason="no", decided_by="bob")
+
+
+def request(
+    call_id: str = "call_1", run_id: str = "run_1", amount: float = 500.0
+) -> ApprovalRequest:
+    arguments = {"order_id": "o-7", "amount": amount}
+    return ApprovalRequest(
+        run_id=run_id,
+        call_id=call_id,
+        tool="refund",
+        arguments=arguments,
+        digest=arguments_digest(arguments),
+        requested_by="carol",
+    )
+
+
+async def test_create_stores_a_pending_record(store: ApprovalStore) -> None:
+    record = await store.create(request())
+    assert record.status == "pending"
+    assert not record.consumed and not record.finished
+    assert record.request == request()
+    assert await store.get(record.approval_id) == record
+    assert await store.find("run_1", "call_1") == record
+
+
+async def test_create_returns_the_active_record_of_the_same_call(store: ApprovalStore) -> None:
+    first = await store.create(request())
+    again = await store.create(request())
+    assert again.approval_id == first.approval_id
+    assert len(await store.list()) == 1
+
+
+async def test_concurrent_creates_of_one_call_make_one_record(store: ApprovalStore) -> None:
+    records = await asyncio.gather(*(store.create(request()) for _ in range(10)))
+    assert len({record.approval_id for record in records}) == 1
+    assert len(await store.list()) == 1
+
+
+async def test_other_runs_and_calls_get_their_own_records(store: ApprovalStore) -> None:
+    a = await store.create(request("call_1", "run_1"))
+    b = await store.create(request("call_2", "run_1"))
+    c = await store.create(request("call_1", "run_2"))
+    assert len({a.approval_id, b.approval_id, c.approval_id}) == 3
+
+
+async def test_get_unknown_id_raises(store: ApprovalStore) -> None:
+    with pytest.raises(ApprovalNotFound, match="apr_missing"):
+        await store.get("apr_missing")
+    assert await store.find("run_1", "nope") is None
+
+
+async def test_list_filters_by_run_and_status_in_creation_order(store: ApprovalStore) -> None:
+    ids = [(await store.create(request(f"call_{i}"))).approval_id for i in range(4)]
+    other = await store.create(request("call_0", run_id="run_2"))
+    await store.decide(ids[1], APPROVE)
+    await store.decide(ids[2], DENY)
+    pending = await store.list(run_id="run_1", status="pending")
+    assert [r.approval_id for r in pending] == [ids[0], ids[3]]
+    assert [r.approval_id for r in await store.list(status="approved")] == [ids[1]]
+    assert [r.approval_id for r in await store.list(status="denied")] == [ids[2]]
+    assert [r.approval_id for r in await store.list(run_id="run_2")] == [other.approval_id]
+    assert len(await store.list(limit=2)) == 2
+
+
+async def test_decide_records_the_decision(store: ApprovalStore) -> None:
+    record = await store.create(request())
+    decided = await store.decide(record.approval_id, APPROVE, channel="api")
+    assert decided.status == "approved"
+    assert decided.decision == APPROVE
+    assert decided.decided_at is not None
+    assert await store.get(record.approval_id) == decided
+
+
+async def test_first_decision_wins(store: ApprovalStore) -> None:
+    record = await store.create(request())
+    await store.decide(record.approval_id, APPROVE)
+    with pytest.raises(ApprovalAlreadyDecided, match="by ana") as raised:
+        await store.decide(record.approval_id, DENY)
+    assert raised.value.decided_by == "ana"
+    assert (await store.get(record.approval_id)).decision == APPROVE
+
+
+async def test_concurrent_decisions_exactly_one_wins(store: ApprovalStore) -> None:
+    record = await store.create(request())
+    deciders = [Decision(approved=i % 2 == 0, decided_by=f"user{i}") for i in range(10)]
+    outcomes = await asyncio.gather(
+        *(store.decide(record.approval_id, d) for d in deciders), return_exceptions=True
+    )
+    winners = [o for o in outcomes if not isinstance(o, BaseException)]
+    assert len(winners) == 1
+    assert all(isinstance(o, ApprovalAlreadyDecided) for o in outcomes if o not in winners)
+    assert (await store.get(record.approval_id)).decision == winners[0].decision
+
+
+async def test_decide_unknown_id_raises_and_records_nothing(store: ApprovalStore) -> None:
+    with pytest.raises(ApprovalNotFound):
+        await store.decide("apr_missing", APPROVE)
+    assert await store.list() == []
+
+
+async def test_consume_spends_an_approval_once(store: ApprovalStore) -> None:
+    record = await store.create(request())
+    await store.decide(record.approval_id, APPROVE)
+    consumed = await store.consume(record.approval_id)
+    assert consumed.consumed and not consumed.finished
+    with pytest.raises(ApprovalAlreadyConsumed):
+        await store.consume(record.approval_id)
+
+
+async def test_concurrent_consumes_exactly_one_wins(store: ApprovalStore) -> None:
+    record = await store.create(request())
+    await store.decide(record.approval_id, APPROVE)
+    outcomes = await asyncio.gather(
+        *(store.consume(record.approval_id) for _ in range(10)), return_exceptions=True
+    )
+    assert sum(not isinstance(o, BaseException) for o in outcomes) == 1
+    assert sum(isinstance(o, ApprovalAlreadyConsumed) for o in outcomes) == 9
+
+
+async def test_consume_of_a_pending_record_is_refused(store: ApprovalStore) -> None:
+    record = await store.create(request())
+    with pytest.raises(ApprovalNotDecided):
+        await store.consume(record.approval_id)
+    assert not (await store.get(record.approval_id)).consumed
+
+
+async def test_a_consumed_denial_is_finished_at_once(store: ApprovalStore) -> None:
+    record = await store.create(request())
+    await store.decide(record.approval_id, DENY)
+    consumed = await store.consume(record.approval_id)
+    assert consumed.finished and consumed.outcome == "denied"
+
+
+async def test_in_flight_record_stays_active_until_finished(store: ApprovalStore) -> None:
+    record = await store.create(request())
+    await store.decide(record.approval_id, APPROVE)
+    await store.consume(record.approval_id)
+    assert (await store.create(request())).approval_id == record.approval_id
+    finished = await store.finish(record.approval_id, outcome="ok")
+    assert finished.finished and finished.outcome == "ok"
+    again = await store.finish(record.approval_id, outcome="error")
+    assert again.outcome == "ok"  # finishing twice changes nothing
+
+
+async def test_after_finish_the_same_call_opens_a_new_review(store: ApprovalStore) -> None:
+    record = await store.create(request())
+    await store.decide(record.approval_id, APPROVE)
+    await store.consume(record.approval_id)
+    await store.finish(record.approval_id, outcome="ok")
+    fresh = await store.create(request())
+    assert fresh.approval_id != record.approval_id
+    assert fresh.status == "pending"
+    assert (await store.find("run_1", "call_1")) == fresh
+    assert (await store.get(record.approval_id)).consumed  # history is kept
+
+
+async def test_finish_before_consume_is_refused(store: ApprovalStore) -> None:
+    record = await store.create(request())
+    await store.decide(record.approval_id, APPROVE)
+    with pytest.raises(ApprovalError, match="no call has consumed it"):
+        await store.finish(record.approval_id, outcome="ok")
+    assert not (await store.get(record.approval_id)).finished
+
+
+async def test_decision_after_consumption_is_refused(store: ApprovalStore) -> None:
+    record = await store.create(request())
+    await store.decide(record.approval_id, APPROVE)
+    await store.consume(record.approval_id)
+    with pytest.raises(ApprovalAlreadyDecided):
+        await store.decide(record.approval_id, DENY)
+    assert (await store.get(record.approval_id)).decision == APPROVE
+
+
+async def test_events_tell_the_story_and_refusals(store: ApprovalStore) -> None:
+    record = await store.create(request())
+    approval_id = record.approval_id
+    await store.decide(approval_id, APPROVE, channel="slack")
+    with pytest.raises(ApprovalAlreadyDecided):
+        await store.decide(approval_id, DENY, channel="email")
+    await store.consume(approval_id, actor="worker-1")
+    with pytest.raises(ApprovalAlreadyConsumed):
+        await store.consume(approval_id, actor="worker-2")
+    await store.finish(approval_id, outcome="ok")
+    events = await store.events(approval_id)
+    assert [e.kind for e in events] == [
+        "created",
+        "decided",
+        "refused",
+        "consumed",
+        "refused",
+        "finished",
+    ]
+    created, decided, refused_decide, consumed, refused_consume, finished = events
+    assert created.actor == "carol"
+    assert (decided.actor, decided.channel) == ("ana", "slack")
+    assert (refused_decide.actor, refused_decide.channel) == ("bob", "email")
+    assert refused_decide.detail["reason"] == "already decided"
+    assert consumed.actor == "worker-1"
+    assert refused_consume.actor == "worker-2"
+    assert refused_consume.detail["reason"] == "approval already used by a concurrent request"
+    assert finished.detail["outcome"] == "ok"
+    assert [e.seq for e in events] == sorted(e.seq for e in events)
+    assert all(e.at.tzinfo is not None for e in events)
+
+
+async def test_events_of_one_approval_only(store: ApprovalStore) -> None:
+    a = await store.create(request("call_1"))
+    b = await store.create(request("call_2"))
+    assert [e.approval_id for e in await store.events(a.approval_id)] == [a.approval_id]
+    assert {e.approval_id for e in await store.events()} == {a.approval_id, b.approval_id}

@@ -1,0 +1,61 @@
+"""The examples run offline and print exactly what the documentation shows."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+SEED = ROOT.parent / "shared" / "seeds" / "003_2bea4f8f8fc09860.txt"
+
+# The Output block of the "Human in the loop" document (003), byte for byte.
+HOWTO_OUTPUT = """\
+refunded 20.0 on o-1
+pending approval-pending
+refund {'order_id': 'o-7', 'amount': 500.0}
+first decision wins
+ok refunded 450.0 on o-7
+True
+pending True
+error approval denied for tool 'refund': refund policy: max 500
+[20.0, 450.0]
+"""
+
+# The refund edit scenario of "Pause for approval" (000), with nodbot's own API: the run
+# pauses, the reviewer edits 120.0 down to 100.0, and the refund runs once with 100.0.
+REFUND_EDIT_OUTPUT = """\
+pending
+approve_call_1 refund {'order_id': 'A-1001', 'amount': 120.0}
+stop
+{"result":"refunded 100.0 on A-1001"}
+The refund is done.
+"""
+
+
+def run_example(name: str) -> str:
+    completed = subprocess.run(
+        [sys.executable, str(ROOT / "examples" / name)],
+        capture_output=True,
+        check=True,
+        cwd=ROOT,
+        timeout=60,
+    )
+    assert completed.stderr == b""
+    return completed.stdout.decode("utf-8")
+
+
+def test_howto_hitl_reproduces_the_documented_output() -> None:
+    assert run_example("howto_hitl.py") == HOWTO_OUTPUT
+
+
+def test_the_expected_output_is_the_seed_documents_own() -> None:
+    if not SEED.exists():
+        pytest.skip(f"the source documents are not beside the checkout ({SEED})")
+    assert HOWTO_OUTPUT in SEED.read_text(encoding="utf-8").replace("\r\n", "\n")
+
+
+def test_refund_edit_runs_the_edited_refund_once() -> None:
+    assert run_example("refund_edit.py") == REFUND_EDIT_OUTPUT

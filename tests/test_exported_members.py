@@ -1,0 +1,99 @@
+"""The public surface of `core`: what `__all__` promises is there, and nothing leaks."""
+
+from __future__ import annotations
+
+import core
+
+EXPECTED = {
+    "Agent",
+    "ApprovalAlreadyConsumed",
+    "ApprovalAlreadyDecided",
+    "ApprovalDenied",
+    "ApprovalError",
+    "ApprovalEvent",
+    "ApprovalMismatchError",
+    "ApprovalNotDecided",
+    "ApprovalNotFound",
+    "ApprovalPending",
+    "ApprovalPort",
+    "ApprovalRecord",
+    "ApprovalRequest",
+    "ApprovalStatus",
+    "ApprovalStore",
+    "AssistantMessage",
+    "AutoDeny",
+    "CallbackApproval",
+    "ChatModel",
+    "ChatResponse",
+    "ConfigurationError",
+    "Decided",
+    "Decision",
+    "DeferredApproval",
+    "Effects",
+    "Executor",
+    "HumanMessage",
+    "InterruptRule",
+    "InvalidArgumentsError",
+    "InvalidDecisionError",
+    "LoopResult",
+    "MemoryApprovalStore",
+    "Message",
+    "NodbotError",
+    "PendingCall",
+    "PortAnswer",
+    "Predicate",
+    "ScriptedChat",
+    "SystemMessage",
+    "Tool",
+    "ToolCall",
+    "ToolContext",
+    "ToolDecision",
+    "ToolError",
+    "ToolExecutionError",
+    "ToolInterrupt",
+    "ToolMessage",
+    "ToolRegistry",
+    "ToolResult",
+    "ToolSpec",
+    "ToolUsageError",
+    "UnknownToolError",
+    "Waiting",
+    "__version__",
+    "all_fields",
+    "any_field",
+    "approval_interrupt_id",
+    "arguments_digest",
+    "as_decision",
+    "eq",
+    "ge",
+    "gt",
+    "le",
+    "lt",
+    "matches",
+    "merge_edit",
+    "run_tool_loop",
+    "should_interrupt",
+}
+
+
+def test_all_lists_the_public_api() -> None:
+    assert set(core.__all__) == EXPECTED
+    assert len(core.__all__) == len(EXPECTED)  # no name listed twice
+
+
+def test_every_listed_member_exists() -> None:
+    missing = [name for name in core.__all__ if not hasattr(core, name)]
+    assert missing == []
+
+
+def test_every_exported_exception_derives_from_nodbot_error() -> None:
+    members = [getattr(core, name) for name in core.__all__]
+    errors = [m for m in members if isinstance(m, type) and issubclass(m, BaseException)]
+    assert len(errors) == 15
+    assert [e.__name__ for e in errors if not issubclass(e, core.NodbotError)] == []
+    assert len({e.kind for e in errors}) == len(errors)  # each reports its own kind
+
+
+def test_public_classes_have_docstrings() -> None:
+    classes = [getattr(core, n) for n in core.__all__ if isinstance(getattr(core, n), type)]
+    assert [cls.__name__ for cls in classes if not cls.__doc__] == []
