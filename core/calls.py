@@ -71,4 +71,5 @@ class ToolResult:
     error: ToolError | None = None
     """Why there is no value, when `status != "ok"`."""
     arguments: dict[str, Any] | None = None
-    """The arguments the tool ran with (after validation and any reviewer edit)."""
+    """The arguments the tool ran with (after validation and any reviewer edit); for a
+    pending call, the validated arguments the reviewer is shown."""

@@ -18,7 +18,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictBool,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+)
 
 from core.errors import InvalidDecisionError
 
@@ -40,7 +48,8 @@ def approval_interrupt_id(tool_call_id: str) -> str:
         if char.isascii() and (char.isalnum() or char in "_-"):
             escaped.append(char)
         else:
-            escaped.extend(f".{byte:02x}" for byte in char.encode("utf-8"))
+            # surrogatepass: a lone surrogate (possible in JSON text) still gets an id.
+            escaped.extend(f".{byte:02x}" for byte in char.encode("utf-8", "surrogatepass"))
     return "approve_" + "".join(escaped)
 
 
@@ -64,20 +73,23 @@ class Decision(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    approved: bool
-    """Whether the call may run."""
-    edited_args: dict[str, Any] | None = None
+    approved: StrictBool
+    """Whether the call may run. Only a real boolean counts: `"yes"` or `1` are refused."""
+    edited_args: dict[str, Any] | None = Field(default=None, validate_default=True)
     """Arguments to change, merged over the call's own; validated again before the call."""
     reason: str | None = None
     """Why; for a denial the model is told this reason."""
     decided_by: str | None = None
     """Who decided: a user id, an email address, or `nodbot:<policy>` for automatic ones."""
 
-    @model_validator(mode="after")
-    def _edit_only_when_approved(self) -> Decision:
-        if self.edited_args is not None and not self.approved:
+    @field_validator("edited_args")
+    @classmethod
+    def _edit_only_when_approved(
+        cls, edited_args: dict[str, Any] | None, info: ValidationInfo
+    ) -> dict[str, Any] | None:
+        if edited_args is not None and info.data.get("approved") is not True:
             raise ValueError("edited_args can only go with approved=True")
-        return self
+        return edited_args
 
 
 class ToolDecision(BaseModel):
@@ -87,18 +99,22 @@ class ToolDecision(BaseModel):
 
     action: Literal["approve", "edit", "deny"]
     """`approve` runs the call, `edit` runs it with changed arguments, `deny` refuses it."""
-    arguments: dict[str, Any] | None = None
+    arguments: dict[str, Any] | None = Field(default=None, validate_default=True)
     """For `edit`: the arguments to change. Their keys replace the call's; others are kept."""
     message: str | None = None
     """For `deny`: the reason the model is told. For the others: a note kept with the decision."""
 
-    @model_validator(mode="after")
-    def _arguments_only_for_edit(self) -> ToolDecision:
-        if self.action == "edit" and not self.arguments:
+    @field_validator("arguments")
+    @classmethod
+    def _arguments_only_for_edit(
+        cls, arguments: dict[str, Any] | None, info: ValidationInfo
+    ) -> dict[str, Any] | None:
+        action = info.data.get("action")
+        if action == "edit" and not arguments:
             raise ValueError("an edit needs the arguments to change")
-        if self.action != "edit" and self.arguments is not None:
-            raise ValueError(f"arguments go with action 'edit', not {self.action!r}")
-        return self
+        if action in ("approve", "deny") and arguments is not None:
+            raise ValueError(f"arguments go with action 'edit', not {action!r}")
+        return arguments
 
     def to_decision(self, decided_by: str | None = None) -> Decision:
         """The same answer as a `Decision`."""

@@ -156,9 +156,13 @@ class ApprovalPending(ApprovalError):
 
     kind = "approval-pending"
 
-    def __init__(self, *, tool: str, approval_id: str) -> None:
+    def __init__(
+        self, *, tool: str, approval_id: str, arguments: dict[str, Any] | None = None
+    ) -> None:
         super().__init__(f"approval pending for tool {tool!r}", approval_id=approval_id)
         self.tool = tool
+        self.arguments = arguments
+        """The validated arguments the reviewer is shown."""
 
     def details(self) -> dict[str, Any]:
         return {"approval_id": self.approval_id, "tool": self.tool}

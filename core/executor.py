@@ -78,7 +78,7 @@ class Executor:
         try:
             value, arguments = await self._execute(call, ctx)
         except ApprovalPending as pending:
-            return ToolResult("pending", error=_error(pending))
+            return ToolResult("pending", error=_error(pending), arguments=pending.arguments)
         except NodbotError as error:
             return ToolResult("error", error=_error(error))
         return ToolResult("ok", value=value, arguments=arguments)
@@ -151,7 +151,9 @@ class Executor:
         )
         answer = await self.approval.request(request)
         if isinstance(answer, Waiting):
-            raise ApprovalPending(tool=tool.name, approval_id=answer.approval_id)
+            raise ApprovalPending(
+                tool=tool.name, approval_id=answer.approval_id, arguments=validated.canonical
+            )
         decision = answer.decision
         if not decision.approved:
             raise ApprovalDenied(

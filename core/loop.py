@@ -197,7 +197,8 @@ async def _answer_open_calls(conversation: list[Message], ctx: ToolContext) -> l
         result = await ctx.executor.run_call(call, ctx)
         if result.status == "pending":
             assert result.error is not None
-            interrupt = ToolInterrupt(call.name, call.id, call.arguments)
+            assert result.arguments is not None
+            interrupt = ToolInterrupt(call.name, call.id, result.arguments)
             pending.append(PendingCall(result.error.details["approval_id"], interrupt))
         else:
             conversation.append(_tool_message(call, result))

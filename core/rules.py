@@ -72,7 +72,14 @@ class Comparison(Predicate):
     value: Any
 
     def __call__(self, arguments: Mapping[str, Any]) -> bool:
-        return bool(_OPERATORS[self.op](arguments[self.field], self.value))
+        actual = arguments[self.field]
+        if actual != actual:  # NaN compares false with everything: undecidable, so raise
+            raise ValueError(f"{self.field} is not a number")
+        if self.op == "eq" and not _comparable(actual, self.value):
+            raise TypeError(
+                f"{self.field} is {type(actual).__name__}, not {type(self.value).__name__}"
+            )
+        return bool(_OPERATORS[self.op](actual, self.value))
 
     def describe(self) -> str:
         symbol = {"gt": ">", "ge": ">=", "lt": "<", "le": "<=", "eq": "=="}[self.op]
@@ -87,6 +94,7 @@ class Matches(Predicate):
     pattern: str
 
     def __post_init__(self) -> None:
+        _check_field(self.field, "matches()")
         _compile(self.pattern, self.field)
 
     def __call__(self, arguments: Mapping[str, Any]) -> bool:
@@ -110,15 +118,31 @@ class FieldPatterns(Predicate):
         if not self.patterns:
             raise ConfigurationError("all_fields / any_field need at least one field: pattern")
         for field, pattern in self.patterns:
+            _check_field(field, "all_fields() / any_field()")
             _compile(pattern, field)
 
     def __call__(self, arguments: Mapping[str, Any]) -> bool:
-        results = (Matches(field, pattern)(arguments) for field, pattern in self.patterns)
+        # Every field is tested, so a field that cannot be (missing, not a string) raises
+        # whatever the order: the rule then counts as a match.
+        results = [Matches(field, pattern)(arguments) for field, pattern in self.patterns]
         return all(results) if self.require_all else any(results)
 
     def describe(self) -> str:
         joiner = " and " if self.require_all else " or "
         return joiner.join(f"{field} matches {pattern!r}" for field, pattern in self.patterns)
+
+
+def _comparable(actual: Any, expected: Any) -> bool:
+    """Whether `==` between the two means something: same type, or two non-bool numbers."""
+    numbers = (int, float)
+    if isinstance(actual, numbers) and isinstance(expected, numbers):
+        return isinstance(actual, bool) == isinstance(expected, bool)
+    return type(actual) is type(expected)
+
+
+def _check_field(field: object, what: str) -> None:
+    if not isinstance(field, str) or not field:
+        raise ConfigurationError(f"{what} needs an argument name, not {field!r}")
 
 
 def _compile(pattern: str, field: str) -> re.Pattern[str]:
@@ -133,8 +157,7 @@ def _compile(pattern: str, field: str) -> re.Pattern[str]:
 
 
 def _comparison(op: str, field: str, value: Any) -> Comparison:
-    if not isinstance(field, str) or not field:
-        raise ConfigurationError(f"{op}() needs an argument name, not {field!r}")
+    _check_field(field, f"{op}()")
     return Comparison(op, field, value)
 
 

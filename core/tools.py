@@ -23,7 +23,7 @@ from collections.abc import Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, TypeAlias, get_type_hints, overload
 
-from pydantic import BaseModel, ConfigDict, ValidationError, create_model
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 
 from core.calls import ToolCall, ToolContext
 from core.errors import ConfigurationError, InvalidArgumentsError, UnknownToolError
@@ -109,8 +109,12 @@ class Tool:
             raise InvalidArgumentsError(
                 tool=self.name, errors=_field_errors(exc), source=source
             ) from None
-        values = {name: getattr(instance, name) for name in type(instance).model_fields}
-        return ValidatedArguments(values=values, canonical=instance.model_dump(mode="json"))
+        values = {
+            field.alias or name: getattr(instance, name)
+            for name, field in type(instance).model_fields.items()
+        }
+        canonical = instance.model_dump(mode="json", by_alias=True)
+        return ValidatedArguments(values=values, canonical=canonical)
 
     def spec(self) -> ToolSpec:
         """The tool as a chat model sees it."""
@@ -123,7 +127,10 @@ class Tool:
             kwargs[self.context_parameter] = ctx
         if inspect.iscoroutinefunction(self.function):
             return await self.function(**kwargs)
-        return await asyncio.to_thread(self.function, **kwargs)
+        result = await asyncio.to_thread(self.function, **kwargs)
+        if inspect.isawaitable(result):  # an async callable object, or a partial of one
+            result = await result
+        return result
 
 
 def _field_errors(exc: ValidationError) -> list[dict[str, str]]:
@@ -247,7 +254,7 @@ def _arguments_model(
         ) from exc
     fields: dict[str, Any] = {}
     context_parameter = None
-    for parameter in inspect.signature(function).parameters.values():
+    for index, parameter in enumerate(inspect.signature(function).parameters.values()):
         if parameter.kind in (parameter.VAR_POSITIONAL, parameter.VAR_KEYWORD):
             raise ConfigurationError(
                 f"tool {tool_name!r}: *args and **kwargs cannot be validated; "
@@ -263,10 +270,27 @@ def _arguments_model(
             context_parameter = parameter.name
             continue
         default = ... if parameter.default is parameter.empty else parameter.default
-        fields[parameter.name] = (annotation, default)
-    model = create_model(
-        f"{tool_name}_arguments",
-        __config__=ConfigDict(extra="forbid"),
-        **fields,
-    )
+        fields[_field_name(parameter.name, index)] = (
+            annotation,
+            Field(default, alias=parameter.name),
+        )
+    model = create_model(f"{tool_name}_arguments", __config__=_ARGUMENTS_CONFIG, **fields)
     return model, context_parameter
+
+
+# Arguments are read and written by their parameter names (the aliases); NaN and infinity are
+# refused because they are not JSON and would slip past comparisons such as gt("amount", 100).
+_ARGUMENTS_CONFIG = ConfigDict(
+    extra="forbid",
+    allow_inf_nan=False,
+    validate_by_alias=True,
+    validate_by_name=False,
+)
+
+
+def _field_name(parameter: str, index: int) -> str:
+    """The model's own name for a parameter: pydantic keeps `_x` private and warns when a name
+    such as `json` or `schema` shadows a BaseModel attribute, so those get a neutral name."""
+    if parameter.startswith("_") or hasattr(BaseModel, parameter):
+        return f"argument_{index}"
+    return parameter

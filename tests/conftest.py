@@ -6,7 +6,7 @@ import ipaddress
 import os
 import socket
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
@@ -28,7 +28,7 @@ def _is_loopback(address: Any) -> bool:
 
 
 @pytest.fixture(autouse=True)
-def loopback_only(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+def loopback_only(monkeypatch: pytest.MonkeyPatch) -> None:
     """Fail any test that tries to reach a host other than this machine."""
     real_connect = socket.socket.connect
     real_connect_ex = socket.socket.connect_ex
@@ -47,7 +47,6 @@ def loopback_only(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
 
     monkeypatch.setattr(socket.socket, "connect", connect)
     monkeypatch.setattr(socket.socket, "connect_ex", connect_ex)
-    yield
 
 
 def postgres_server_url() -> str | None:

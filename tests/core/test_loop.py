@@ -267,13 +267,6 @@ async def test_interrupt_key_escapes_unsafe_call_id(
     assert list(result.interrupts) == ["approve_call.2e1.2f.c3.a9"]
 
 
-@pytest.mark.xfail(
-    reason=(
-        "PendingCall.interrupt.arguments are the model's raw arguments, not the validated "
-        "ones stored for review (defaults missing, values not coerced)"
-    ),
-    strict=True,
-)
 async def test_pending_interrupt_shows_validated_arguments_like_the_store(
     tools: Tools, store: MemoryApprovalStore
 ) -> None:
@@ -398,9 +391,10 @@ async def test_concurrent_resume_runs_the_approved_call_once(
 
     @tools.registry.tool(confirm=True)
     async def refund(order_id: str, amount: float) -> str:
-        """Refund, slowly."""
-        started.set()
-        await release.wait()
+        """Refund; the first call waits until released, so a second one overlaps it."""
+        if not started.is_set():
+            started.set()
+            await release.wait()
         tools.refunds.append({"order_id": order_id, "amount": amount})
         return "refunded"
 
@@ -409,7 +403,9 @@ async def test_concurrent_resume_runs_the_approved_call_once(
     await run.decide(only_pending(paused), True)
 
     winner = asyncio.create_task(run.resume(paused))
-    await started.wait()
+    in_tool = asyncio.create_task(started.wait())
+    await asyncio.wait({winner, in_tool}, return_when=asyncio.FIRST_COMPLETED)
+    assert in_tool.done(), "the approved call never reached the tool"
     loser = await run.resume(paused)
     release.set()
     won = await winner
@@ -540,7 +536,11 @@ async def test_scripted_chat_out_of_responses_names_the_turn(tools: Tools) -> No
 
 
 async def test_max_turns_cuts_the_run_off_and_it_can_go_on(tools: Tools) -> None:
-    script = [turn(lookup_call("call_1")), turn(lookup_call("call_2")), "Shipped."]
+    script: list[ChatResponse | str] = [
+        turn(lookup_call("call_1")),
+        turn(lookup_call("call_2")),
+        "Shipped.",
+    ]
     run = session(tools, script, None)
 
     cut = await run.agent.run("Where is A-1001?", run.ctx, max_turns=2)
