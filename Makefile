@@ -2,6 +2,7 @@
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV   := .venv
 BIN    := $(VENV)/bin
+LINTED := core bot tests examples $(wildcard bench)
 
 .PHONY: demo test lint typecheck pytest clean
 
@@ -18,8 +19,8 @@ demo: $(VENV)/.installed
 	$(BIN)/python examples/howto_hitl.py
 
 lint: $(VENV)/.installed
-	$(BIN)/ruff check core bot tests examples bench
-	$(BIN)/ruff format --check core bot tests examples bench
+	$(BIN)/ruff check $(LINTED)
+	$(BIN)/ruff format --check $(LINTED)
 
 typecheck: $(VENV)/.installed
 	$(BIN)/mypy core bot
