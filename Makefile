@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 LINTED := core bot tests examples $(wildcard bench)
 
-.PHONY: demo test lint typecheck pytest clean
+.PHONY: demo test lint typecheck pytest bench clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -29,6 +29,14 @@ pytest: $(VENV)/.installed
 	$(BIN)/pytest
 
 test: lint typecheck pytest
+
+# Benchmarks print figures (they are not tests); they also install the peers they compare with.
+$(VENV)/.bench-installed: pyproject.toml | $(VENV)/.installed
+	$(BIN)/python -m pip install --quiet -e '.[test,bench]'
+	touch $@
+
+bench: $(VENV)/.bench-installed
+	$(BIN)/python bench/cycle.py
 
 clean:
 	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache

@@ -15,6 +15,9 @@ NodbotError
 │   ├── ApprovalNotDecided         consume() on an approval nobody has decided yet
 │   └── ApprovalAlreadyConsumed    the decision was spent by another call
 ├── InvalidDecisionError           an answer that claims to be a decision but is malformed
+├── StoreError                     the approval store's database cannot be used
+│   ├── StoreUnavailableError      it cannot be reached, opened or written
+│   └── StoreSchemaError           its schema is missing, older or newer than this nodbot's
 └── ConfigurationError             a tool, rule, predicate or port is set up wrongly
 ```
 
@@ -40,6 +43,9 @@ __all__ = [
     "InvalidArgumentsError",
     "InvalidDecisionError",
     "NodbotError",
+    "StoreError",
+    "StoreSchemaError",
+    "StoreUnavailableError",
     "ToolExecutionError",
     "ToolUsageError",
     "UnknownToolError",
@@ -249,6 +255,35 @@ class InvalidDecisionError(NodbotError):
 
     def details(self) -> dict[str, Any]:
         return {"errors": self.errors}
+
+
+class StoreError(NodbotError):
+    """The approval store's database cannot be used. `url` never shows a password.
+
+    Nothing was written: every store operation is one transaction.
+    """
+
+    kind = "store-error"
+
+    def __init__(self, message: str, *, url: str) -> None:
+        super().__init__(message)
+        self.url = url
+
+    def details(self) -> dict[str, Any]:
+        return {"url": self.url}
+
+
+class StoreUnavailableError(StoreError):
+    """The database cannot be reached, opened or written (down, wrong URL, read-only file)."""
+
+    kind = "store-unavailable"
+
+
+class StoreSchemaError(StoreError):
+    """The database's schema does not fit this nodbot: not created yet with auto-migration
+    off, older with auto-migration off, or newer than this nodbot knows."""
+
+    kind = "store-schema"
 
 
 class ConfigurationError(NodbotError):

@@ -3,16 +3,13 @@
 from __future__ import annotations
 
 import ipaddress
-import os
 import socket
-import uuid
 from collections.abc import AsyncIterator
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
 import pytest
 
-POSTGRES_URL_VARIABLE = "NODBOT_TEST_POSTGRES_URL"
+from tests.support import postgres_database
 
 
 def _is_loopback(address: Any) -> bool:
@@ -49,32 +46,8 @@ def loopback_only(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(socket.socket, "connect_ex", connect_ex)
 
 
-def postgres_server_url() -> str | None:
-    """The URL of the test server, or None. Under CI a missing URL is an error, not a skip."""
-    url = os.environ.get(POSTGRES_URL_VARIABLE)
-    if not url and os.environ.get("CI"):
-        pytest.fail(f"CI is set but {POSTGRES_URL_VARIABLE} is not: PostgreSQL tests must run")
-    return url or None
-
-
-def _with_database(url: str, database: str) -> str:
-    parts = urlsplit(url)
-    return urlunsplit(parts._replace(path="/" + database))
-
-
 @pytest.fixture
 async def postgres_url() -> AsyncIterator[str]:
     """A fresh, empty PostgreSQL database for one test, dropped after it."""
-    server = postgres_server_url()
-    if server is None:
-        pytest.skip(f"PostgreSQL tests need {POSTGRES_URL_VARIABLE} (see README, Tests)")
-    import asyncpg  # only PostgreSQL tests need the driver
-
-    name = f"nodbot_test_{uuid.uuid4().hex[:12]}"
-    admin = await asyncpg.connect(server)
-    try:
-        await admin.execute(f'CREATE DATABASE "{name}"')
-        yield _with_database(server, name)
-    finally:
-        await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        await admin.close()
+    async with postgres_database() as url:
+        yield url

@@ -2,19 +2,38 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import pytest
 
 from core import ApprovalStore, MemoryApprovalStore
+from core.sqlstore import SqlApprovalStore
+from tests.support import postgres_database
 
-BACKENDS = ["memory"]
+BACKENDS = ["memory", "sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)]
+
+
+@contextlib.asynccontextmanager
+async def database_url(backend: str, tmp_path: Path) -> AsyncIterator[str]:
+    """A URL of an empty database of `backend` ("sqlite" or "postgresql")."""
+    if backend == "sqlite":
+        yield f"sqlite:///{tmp_path / 'nodbot.db'}"
+    else:
+        async with postgres_database() as url:
+            yield url
 
 
 @pytest.fixture(params=BACKENDS)
-async def store(request: pytest.FixtureRequest) -> AsyncIterator[ApprovalStore]:
+async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[ApprovalStore]:
     """A fresh, empty store of each backend."""
     if request.param == "memory":
         yield MemoryApprovalStore()
-    else:  # pragma: no cover - every backend in BACKENDS is handled above
-        raise AssertionError(f"no fixture for backend {request.param!r}")
+        return
+    async with database_url(request.param, tmp_path) as url:
+        sql = SqlApprovalStore(url)
+        try:
+            yield await sql.open()
+        finally:
+            await sql.close()

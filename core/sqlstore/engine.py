@@ -1,0 +1,124 @@
+"""Database URLs and engines for the SQL store: SQLite through aiosqlite, PostgreSQL through
+asyncpg, and the translation of driver failures into `StoreError`s that name the URL."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import event
+from sqlalchemy.engine import URL, make_url
+from sqlalchemy.exc import ArgumentError, DBAPIError, SQLAlchemyError
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
+
+from core.errors import StoreError, StoreUnavailableError
+
+__all__ = ["connect_error", "normalize_url", "open_engine", "redact", "translate_errors"]
+
+_DRIVERS = {"sqlite": "sqlite+aiosqlite", "postgresql": "postgresql+asyncpg"}
+_SUPPORTED = set(_DRIVERS.values())
+# How long a SQLite writer waits for another process's write lock before giving up.
+SQLITE_BUSY_TIMEOUT_MS = 30_000
+READ_ONLY = {"nodbot_read_only": True}
+
+
+def normalize_url(url: str | URL) -> URL:
+    """The async URL for `url`: `sqlite:///x.db`, `postgresql://...`, or a bare file path.
+
+    Raises `StoreUnavailableError` for a URL nodbot cannot use.
+    """
+    if isinstance(url, str) and "://" not in url:
+        url = f"sqlite+aiosqlite:///{Path(url).expanduser()}"
+    try:
+        parsed = make_url(url)
+    except ArgumentError as exc:
+        raise StoreUnavailableError(f"not a database URL: {exc}", url=str(url)) from None
+    driver = _DRIVERS.get(parsed.drivername, parsed.drivername)
+    if driver not in _SUPPORTED:
+        raise StoreUnavailableError(
+            f"unsupported database {parsed.drivername!r} in {redact(parsed)}: "
+            "use sqlite:///path.db or postgresql://user@host/db",
+            url=redact(parsed),
+        )
+    parsed = parsed.set(drivername=driver)
+    if driver == "sqlite+aiosqlite" and parsed.database in (None, "", ":memory:"):
+        raise StoreUnavailableError(
+            "an in-memory SQLite database is private to one connection: use a file path, "
+            "or MemoryApprovalStore",
+            url=redact(parsed),
+        )
+    return parsed
+
+
+def redact(url: URL) -> str:
+    """The URL as text, with any password replaced by `***`."""
+    return url.render_as_string(hide_password=True)
+
+
+def open_engine(url: URL) -> AsyncEngine:
+    """An engine for `url`; SQLite files get WAL, a busy timeout and IMMEDIATE write
+    transactions (so two writers queue instead of failing to upgrade a read lock)."""
+    if url.get_backend_name() != "sqlite":
+        return create_async_engine(url, pool_pre_ping=False)
+    engine = create_async_engine(url)
+
+    @event.listens_for(engine.sync_engine, "connect")
+    def _on_connect(dbapi_connection: Any, _record: Any) -> None:
+        # Take transaction control from the driver: BEGIN is emitted in _on_begin.
+        dbapi_connection.isolation_level = None
+        cursor = dbapi_connection.cursor()
+        cursor.execute(f"PRAGMA busy_timeout = {SQLITE_BUSY_TIMEOUT_MS}")
+        cursor.execute("PRAGMA journal_mode = WAL")
+        cursor.execute("PRAGMA synchronous = NORMAL")
+        cursor.close()
+
+    @event.listens_for(engine.sync_engine, "begin")
+    def _on_begin(connection: Any) -> None:
+        read_only = connection.get_execution_options().get("nodbot_read_only", False)
+        connection.exec_driver_sql("BEGIN" if read_only else "BEGIN IMMEDIATE")
+
+    return engine
+
+
+@contextlib.contextmanager
+def translate_errors(url: URL) -> Iterator[None]:
+    """Turn driver failures into `StoreUnavailableError` naming the URL (no password)."""
+    try:
+        yield
+    except StoreError:
+        raise
+    except (OSError, SQLAlchemyError) as exc:
+        raise connect_error(url, exc) from exc
+
+
+def connect_error(url: URL, exc: BaseException) -> StoreUnavailableError:
+    """The error to raise for a driver failure on `url`."""
+    shown = redact(url)
+    reason = _reason(exc)
+    if "readonly" in reason.replace("-", "").replace(" ", "").lower():
+        return StoreUnavailableError(f"the database {shown} is read-only: {reason}", url=shown)
+    return StoreUnavailableError(f"cannot use the database {shown}: {reason}", url=shown)
+
+
+def _reason(exc: BaseException) -> str:
+    original = exc.orig if isinstance(exc, DBAPIError) and exc.orig is not None else exc
+    text = str(original).strip().splitlines()
+    return f"{type(original).__name__}: {text[0] if text else ''}".rstrip(": ")
+
+
+@contextlib.asynccontextmanager
+async def write_transaction(engine: AsyncEngine) -> AsyncIterator[AsyncConnection]:
+    """One read-write transaction (IMMEDIATE on SQLite)."""
+    async with engine.begin() as connection:
+        yield connection
+
+
+@contextlib.asynccontextmanager
+async def read_transaction(engine: AsyncEngine) -> AsyncIterator[AsyncConnection]:
+    """One read-only transaction (deferred on SQLite, so it never waits for writers)."""
+    async with engine.connect() as connection:
+        connection = await connection.execution_options(**READ_ONLY)
+        async with connection.begin():
+            yield connection

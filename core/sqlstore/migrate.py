@@ -1,0 +1,83 @@
+"""Schema management: the store's tables are created and upgraded by Alembic migrations that
+ship in this package (`migrations/versions/`).
+
+`ensure_schema` runs on a store's first use: it upgrades to the newest revision when
+auto-migration is on, and otherwise refuses with the command to run. A database whose
+revision this nodbot does not know (written by a newer nodbot) is always refused.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from alembic import command
+from alembic.config import Config
+from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
+from alembic.util import CommandError
+from sqlalchemy import Connection, text
+from sqlalchemy.engine import URL
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from core.errors import StoreSchemaError
+from core.sqlstore.engine import redact, translate_errors, write_transaction
+
+__all__ = ["MIGRATE_COMMAND", "ensure_schema", "head_revision"]
+
+MIGRATIONS = Path(__file__).with_name("migrations")
+MIGRATE_COMMAND = "nodbot migrate --store URL"
+# Serializes migrations of several processes on one PostgreSQL database (any constant works).
+_PG_LOCK_KEY = 0x6E6F64626F74
+
+
+def _config(connection: Connection | None = None) -> Config:
+    config = Config()
+    config.set_main_option("script_location", str(MIGRATIONS))
+    config.attributes["connection"] = connection
+    return config
+
+
+def head_revision() -> str:
+    """The newest schema revision this nodbot knows."""
+    head = ScriptDirectory.from_config(_config()).get_current_head()
+    assert head is not None
+    return head
+
+
+async def ensure_schema(engine: AsyncEngine, url: URL, *, auto_migrate: bool) -> None:
+    """Make sure the database has this nodbot's schema. Raises `StoreSchemaError`, or
+    `StoreUnavailableError` when the database cannot be used at all."""
+    with translate_errors(url):
+        async with write_transaction(engine) as connection:
+            if connection.dialect.name == "postgresql":
+                await connection.execute(
+                    text("SELECT pg_advisory_xact_lock(:key)"), {"key": _PG_LOCK_KEY}
+                )
+            await connection.run_sync(_check_and_upgrade, redact(url), auto_migrate)
+
+
+def _check_and_upgrade(connection: Connection, shown_url: str, auto_migrate: bool) -> None:
+    config = _config(connection)
+    scripts = ScriptDirectory.from_config(config)
+    head = scripts.get_current_head()
+    current = MigrationContext.configure(connection).get_current_revision()
+    if current == head:
+        return
+    if current is not None:
+        try:
+            scripts.get_revision(current)
+        except CommandError:
+            raise StoreSchemaError(
+                f"the database {shown_url} has schema revision {current!r}, which this nodbot "
+                f"does not know (its newest is {head!r}): it was written by a newer nodbot; "
+                "upgrade nodbot to use it",
+                url=shown_url,
+            ) from None
+    if not auto_migrate:
+        state = "has no nodbot schema" if current is None else f"has schema revision {current!r}"
+        raise StoreSchemaError(
+            f"the database {shown_url} {state}, and this nodbot needs {head!r}; "
+            f"run `{MIGRATE_COMMAND}` (or turn auto-migration on)",
+            url=shown_url,
+        )
+    command.upgrade(config, "head")

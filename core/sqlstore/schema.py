@@ -1,0 +1,96 @@
+"""The tables of the SQL approval store. Migrations (in `migrations/versions/`) create them;
+this module describes them for queries and must match the newest migration."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import (
+    BigInteger,
+    Column,
+    DateTime,
+    Dialect,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Table,
+    Text,
+    TypeDecorator,
+)
+
+__all__ = ["UTCDateTime", "approvals", "events", "metadata"]
+
+metadata = MetaData()
+
+# SQLite has no 64-bit identity type of its own, and only INTEGER PRIMARY KEY autoincrements.
+Serial = BigInteger().with_variant(Integer(), "sqlite")
+
+
+class UTCDateTime(TypeDecorator[datetime]):
+    """A timezone-aware UTC datetime on every backend (SQLite keeps no zone: it is UTC)."""
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: Dialect) -> Any:
+        if value is None:
+            return None
+        value = value.astimezone(UTC)
+        return value.replace(tzinfo=None) if dialect.name == "sqlite" else value
+
+    def process_result_value(self, value: Any, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        assert isinstance(value, datetime)
+        return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+
+approvals = Table(
+    "approvals",
+    metadata,
+    Column("seq", Serial, primary_key=True, autoincrement=True),
+    Column("approval_id", String(64), nullable=False, unique=True),
+    Column("run_id", String(255), nullable=False),
+    Column("call_id", String(255), nullable=False),
+    Column("tool", String(255), nullable=False),
+    Column("arguments", Text, nullable=False),  # canonical JSON
+    Column("digest", String(64), nullable=False),
+    Column("requested_by", String(255)),
+    Column("status", String(16), nullable=False),  # pending | approved | denied
+    Column("decision", Text),  # the Decision as JSON
+    Column("created_at", UTCDateTime, nullable=False),
+    Column("decided_at", UTCDateTime),
+    Column("consumed_at", UTCDateTime),
+    Column("finished_at", UTCDateTime),
+    Column("outcome", String(64)),
+)
+
+# One active (unfinished) record per call: what makes create() an atomic create-if-absent.
+Index(
+    "approvals_active_call",
+    approvals.c.run_id,
+    approvals.c.call_id,
+    unique=True,
+    sqlite_where=approvals.c.finished_at.is_(None),
+    postgresql_where=approvals.c.finished_at.is_(None),
+)
+# find(): the newest record of a call, finished or not.
+Index("approvals_call", approvals.c.run_id, approvals.c.call_id, approvals.c.seq)
+# list(run_id=..., status=...) and list(status=...), in creation order.
+Index("approvals_run_status", approvals.c.run_id, approvals.c.status, approvals.c.seq)
+Index("approvals_status", approvals.c.status, approvals.c.seq)
+
+events = Table(
+    "events",
+    metadata,
+    Column("seq", Serial, primary_key=True, autoincrement=True),
+    Column("approval_id", String(64), nullable=False),
+    Column("kind", String(16), nullable=False),
+    Column("at", UTCDateTime, nullable=False),
+    Column("actor", String(255)),
+    Column("channel", String(64)),
+    Column("detail", Text, nullable=False),  # JSON object
+)
+Index("events_approval", events.c.approval_id, events.c.seq)
