@@ -28,6 +28,9 @@ from core.errors import (
     InvalidArgumentsError,
     InvalidDecisionError,
     NodbotError,
+    StoreError,
+    StoreSchemaError,
+    StoreUnavailableError,
     ToolExecutionError,
     ToolUsageError,
     UnknownToolError,
@@ -69,6 +72,7 @@ from core.rules import (
     matches,
     should_interrupt,
 )
+from core.sqlstore import SqlApprovalStore
 from core.store import (
     ApprovalEvent,
     ApprovalRecord,
@@ -120,6 +124,10 @@ __all__ = [
     "PortAnswer",
     "Predicate",
     "ScriptedChat",
+    "SqlApprovalStore",
+    "StoreError",
+    "StoreSchemaError",
+    "StoreUnavailableError",
     "SystemMessage",
     "Tool",
     "ToolCall",

@@ -4,6 +4,7 @@ asyncpg, and the translation of driver failures into `StoreError`s that name the
 from __future__ import annotations
 
 import contextlib
+import re
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -33,8 +34,9 @@ def normalize_url(url: str | URL) -> URL:
         url = f"sqlite+aiosqlite:///{Path(url).expanduser()}"
     try:
         parsed = make_url(url)
-    except ArgumentError as exc:
-        raise StoreUnavailableError(f"not a database URL: {exc}", url=str(url)) from None
+    except (ArgumentError, ValueError) as exc:
+        shown = _mask_password(str(url))
+        raise StoreUnavailableError(f"not a database URL: {shown} ({exc})", url=shown) from None
     driver = _DRIVERS.get(parsed.drivername, parsed.drivername)
     if driver not in _SUPPORTED:
         raise StoreUnavailableError(
@@ -43,13 +45,31 @@ def normalize_url(url: str | URL) -> URL:
             url=redact(parsed),
         )
     parsed = parsed.set(drivername=driver)
-    if driver == "sqlite+aiosqlite" and parsed.database in (None, "", ":memory:"):
+    if driver == "sqlite+aiosqlite":
+        _check_sqlite_file(parsed)
+    return parsed
+
+
+def _check_sqlite_file(url: URL) -> None:
+    database = url.database or ""
+    if database in ("", ":memory:") or "mode=memory" in database:
         raise StoreUnavailableError(
             "an in-memory SQLite database is private to one connection: use a file path, "
             "or MemoryApprovalStore",
-            url=redact(parsed),
+            url=redact(url),
         )
-    return parsed
+    # Checked here rather than left to the driver, whose failed connections linger.
+    path = Path(database.removeprefix("file:").split("?", 1)[0])
+    if not path.parent.is_dir():
+        raise StoreUnavailableError(
+            f"cannot use the database {redact(url)}: the folder {path.parent} does not exist",
+            url=redact(url),
+        )
+
+
+def _mask_password(text: str) -> str:
+    """Hide the password of a URL that could not be parsed: `scheme://user:***@...`."""
+    return re.sub(r"(://[^:/@]*:)[^@]*@", r"\1***@", text)
 
 
 def redact(url: URL) -> str:
