@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import contextlib
 import re
+import sqlite3
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
+import asyncpg
 from sqlalchemy import event
 from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import ArgumentError, DBAPIError, SQLAlchemyError
@@ -109,7 +111,9 @@ def translate_errors(url: URL) -> Iterator[None]:
         yield
     except StoreError:
         raise
-    except (OSError, SQLAlchemyError) as exc:
+    except (OSError, SQLAlchemyError, sqlite3.Error, asyncpg.PostgresError) as exc:
+        raise connect_error(url, exc) from exc
+    except asyncpg.InterfaceError as exc:
         raise connect_error(url, exc) from exc
 
 

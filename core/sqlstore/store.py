@@ -1,9 +1,14 @@
-"""`SqlApprovalStore`: the `ApprovalStore` on SQLAlchemy, for SQLite files and PostgreSQL.
+"""`SqlApprovalStore`: the `ApprovalStore` in SQL, for SQLite files and PostgreSQL.
 
 Every operation is one transaction, and every rule is enforced by the database itself, never
 by reading then writing: create-if-absent by a unique index on the active record of a call,
 first-decision-wins and consume-once by conditional UPDATEs. Several processes may share the
 database. Refused attempts are committed to the events table before the error is raised.
+
+The schema is described with SQLAlchemy and created by Alembic migrations; the operations
+themselves go straight to the drivers (`sqlite.py`, `postgres.py`), because they are the hot
+path of every approval and the async SQLAlchemy adapters cost 10 to 50 times more than the
+database work (see README, Benchmarks).
 """
 
 from __future__ import annotations
@@ -11,15 +16,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable, Iterator
 from datetime import datetime
-from typing import Any, TypeAlias
+from typing import TypeAlias, cast
+from urllib.parse import urlencode
 
-from sqlalchemy import Row, case, insert, select, update
-from sqlalchemy.dialects.postgresql import insert as postgresql_insert
-from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.engine import URL
-from sqlalchemy.ext.asyncio import AsyncConnection
 
 from core.calls import new_id
 from core.decisions import Decision
@@ -30,18 +32,18 @@ from core.errors import (
     ApprovalNotDecided,
     ApprovalNotFound,
 )
+from core.sqlstore.backend import Backend, Row
 from core.sqlstore.engine import (
+    SQLITE_BUSY_TIMEOUT_MS,
     normalize_url,
     open_engine,
-    read_transaction,
     redact,
     translate_errors,
-    write_transaction,
 )
 from core.sqlstore.migrate import ensure_schema
-from core.sqlstore.schema import approvals, events
+from core.sqlstore.postgres import PostgresBackend
+from core.sqlstore.sqlite import SqliteBackend
 from core.store import (
-    CONCURRENT_USE_REASON,
     ApprovalEvent,
     ApprovalRecord,
     ApprovalRequest,
@@ -57,8 +59,6 @@ Clock: TypeAlias = Callable[[], datetime]
 _Records: TypeAlias = list[ApprovalRecord]
 _Events: TypeAlias = list[ApprovalEvent]
 
-_UNFINISHED = approvals.c.finished_at.is_(None)
-
 
 class SqlApprovalStore:
     """An `ApprovalStore` in a SQL database.
@@ -66,7 +66,8 @@ class SqlApprovalStore:
     `url` is `sqlite:///path.db` (the embedded default), `postgresql://user:pass@host/db`, or
     a bare file path for SQLite. The schema is created or upgraded on first use; with
     `auto_migrate=False` a store refuses a database that is not up to date and names the
-    command to run. Errors name the URL without its password.
+    command to run. Errors name the URL without its password. One store serves one event
+    loop; use one store per process (they may share the database).
     """
 
     def __init__(
@@ -75,12 +76,8 @@ class SqlApprovalStore:
         self.url = normalize_url(url)
         self.auto_migrate = auto_migrate
         self._clock = clock
-        self._engine = open_engine(self.url)
-        self._insert = (
-            sqlite_insert if self.url.get_backend_name() == "sqlite" else postgresql_insert
-        )
-        self._ready = False
-        self._ready_lock = asyncio.Lock()
+        self._backend: Backend | None = None
+        self._opening = asyncio.Lock()
 
     @property
     def display_url(self) -> str:
@@ -88,13 +85,16 @@ class SqlApprovalStore:
         return redact(self.url)
 
     async def open(self) -> SqlApprovalStore:
-        """Check the database now (otherwise done on first use); returns the store."""
-        await self._ensure_ready()
+        """Check the schema and connect now (otherwise done on first use); returns the store."""
+        await self._ready()
         return self
 
     async def close(self) -> None:
-        """Close every pooled connection."""
-        await self._engine.dispose()
+        """Close the connections. The store opens them again if it is used after."""
+        backend, self._backend = self._backend, None
+        if backend is not None:
+            with self._errors():
+                await backend.close()
 
     async def __aenter__(self) -> SqlApprovalStore:
         return await self.open()
@@ -103,7 +103,9 @@ class SqlApprovalStore:
         await self.close()
 
     async def create(self, request: ApprovalRequest) -> ApprovalRecord:
-        values = {
+        backend = await self._ready()
+        now = self._clock()
+        row = {
             "approval_id": new_id("apr_"),
             "run_id": request.run_id,
             "call_id": request.call_id,
@@ -112,47 +114,23 @@ class SqlApprovalStore:
             "digest": request.digest,
             "requested_by": request.requested_by,
             "status": "pending",
-            "created_at": self._clock(),
+            "created_at": now,
         }
-        inserting = (
-            self._insert(approvals)
-            .values(values)
-            .on_conflict_do_nothing(index_elements=["run_id", "call_id"], index_where=_UNFINISHED)
-            .returning(*approvals.c)
-        )
-        active = select(approvals).where(
-            approvals.c.run_id == request.run_id,
-            approvals.c.call_id == request.call_id,
-            _UNFINISHED,
-        )
-        while True:
-            async with self._write() as connection:
-                row = (await connection.execute(inserting)).first()
-                if row is not None:
-                    await self._log(connection, row.approval_id, "created", request.requested_by)
-                else:
-                    row = (await connection.execute(active)).first()
-            if row is not None:
-                return _record(row)
-            # The active record finished between our insert and select (PostgreSQL only,
-            # where the two see different snapshots): the next insert will succeed.
+        with self._errors():
+            return _record(await backend.create(row, now))
 
     async def get(self, approval_id: str) -> ApprovalRecord:
-        async with self._read() as connection:
-            row = await _select_one(connection, approval_id)
+        backend = await self._ready()
+        with self._errors():
+            row = await backend.get(approval_id)
         if row is None:
             raise ApprovalNotFound(approval_id=approval_id)
         return _record(row)
 
     async def find(self, run_id: str, call_id: str) -> ApprovalRecord | None:
-        query = (
-            select(approvals)
-            .where(approvals.c.run_id == run_id, approvals.c.call_id == call_id)
-            .order_by(approvals.c.seq.desc())
-            .limit(1)
-        )
-        async with self._read() as connection:
-            row = (await connection.execute(query)).first()
+        backend = await self._ready()
+        with self._errors():
+            row = await backend.find(run_id, call_id)
         return None if row is None else _record(row)
 
     async def list(
@@ -162,126 +140,70 @@ class SqlApprovalStore:
         status: ApprovalStatus | None = None,
         limit: int | None = None,
     ) -> _Records:
-        query = select(approvals).order_by(approvals.c.seq)
-        if run_id is not None:
-            query = query.where(approvals.c.run_id == run_id)
-        if status is not None:
-            query = query.where(approvals.c.status == status)
-        if limit is not None:
-            query = query.limit(limit)
-        async with self._read() as connection:
-            rows = (await connection.execute(query)).all()
+        backend = await self._ready()
+        with self._errors():
+            rows = await backend.list_rows(run_id, status, limit)
         return [_record(row) for row in rows]
 
     async def decide(
         self, approval_id: str, decision: Decision, *, channel: str | None = None
     ) -> ApprovalRecord:
+        backend = await self._ready()
         status = "approved" if decision.approved else "denied"
-        deciding = (
-            update(approvals)
-            .where(approvals.c.approval_id == approval_id, approvals.c.decision.is_(None))
-            .values(decision=decision.model_dump_json(), status=status, decided_at=self._clock())
-            .returning(*approvals.c)
-        )
-        async with self._write() as connection:
-            row = (await connection.execute(deciding)).first()
-            if row is not None:
-                detail = {"status": status}
-                await self._log(
-                    connection, approval_id, "decided", decision.decided_by, channel, detail
-                )
-                return _record(row)
-            existing = await _select_one(connection, approval_id)
-            if existing is not None:
-                reason = {"reason": "already decided"}
-                await self._log(
-                    connection, approval_id, "refused", decision.decided_by, channel, reason
-                )
-        if existing is None:
+        with self._errors():
+            change = await backend.decide(
+                approval_id,
+                decision.model_dump_json(),
+                status,
+                self._clock(),
+                decision.decided_by,
+                channel,
+            )
+        if change.changed is not None:
+            return _record(change.changed)
+        if change.existing is None:
             raise ApprovalNotFound(approval_id=approval_id)
-        earlier = _record(existing).decision
+        earlier = _record(change.existing).decision
         raise ApprovalAlreadyDecided(
             approval_id=approval_id, decided_by=earlier.decided_by if earlier else None
         )
 
     async def consume(self, approval_id: str, *, actor: str | None = None) -> ApprovalRecord:
-        now = self._clock()
-        denied = approvals.c.status == "denied"
-        consuming = (
-            update(approvals)
-            .where(
-                approvals.c.approval_id == approval_id,
-                approvals.c.decided_at.is_not(None),
-                approvals.c.consumed_at.is_(None),
-            )
-            # A denial runs nothing, so it is finished the moment it is taken.
-            .values(
-                consumed_at=now,
-                finished_at=case((denied, now), else_=None),
-                outcome=case((denied, "denied"), else_=None),
-            )
-            .returning(*approvals.c)
-        )
-        async with self._write() as connection:
-            row = (await connection.execute(consuming)).first()
-            if row is not None:
-                await self._log(connection, approval_id, "consumed", actor, "executor")
-                if row.status == "denied":
-                    await self._log(
-                        connection, approval_id, "finished", None, "executor", {"outcome": "denied"}
-                    )
-                return _record(row)
-            existing = await _select_one(connection, approval_id)
-            if existing is not None:
-                reason = "not decided" if existing.decided_at is None else CONCURRENT_USE_REASON
-                await self._log(
-                    connection, approval_id, "refused", actor, "executor", {"reason": reason}
-                )
-        if existing is None:
+        backend = await self._ready()
+        with self._errors():
+            change = await backend.consume(approval_id, self._clock(), actor)
+        if change.changed is not None:
+            return _record(change.changed)
+        if change.existing is None:
             raise ApprovalNotFound(approval_id=approval_id)
-        if existing.decided_at is None:
+        if change.existing["decided_at"] is None:
             raise ApprovalNotDecided(approval_id=approval_id)
         raise ApprovalAlreadyConsumed(approval_id=approval_id)
 
     async def finish(self, approval_id: str, *, outcome: str) -> ApprovalRecord:
-        finishing = (
-            update(approvals)
-            .where(
-                approvals.c.approval_id == approval_id,
-                approvals.c.consumed_at.is_not(None),
-                _UNFINISHED,
-            )
-            .values(finished_at=self._clock(), outcome=outcome)
-            .returning(*approvals.c)
-        )
-        async with self._write() as connection:
-            row = (await connection.execute(finishing)).first()
-            if row is not None:
-                await self._log(
-                    connection, approval_id, "finished", None, "executor", {"outcome": outcome}
-                )
-                return _record(row)
-            existing = await _select_one(connection, approval_id)
-        if existing is None:
+        backend = await self._ready()
+        with self._errors():
+            change = await backend.finish(approval_id, self._clock(), outcome)
+        if change.changed is not None:
+            return _record(change.changed)
+        if change.existing is None:
             raise ApprovalNotFound(approval_id=approval_id)
-        if existing.finished_at is not None:
-            return _record(existing)  # finishing twice changes nothing
+        if change.existing["finished_at"] is not None:
+            return _record(change.existing)  # finishing twice changes nothing
         raise ApprovalError(
             f"approval {approval_id} cannot finish: no call has consumed it",
             approval_id=approval_id,
         )
 
     async def events(self, approval_id: str | None = None) -> _Events:
-        query = select(events).order_by(events.c.seq)
-        if approval_id is not None:
-            query = query.where(events.c.approval_id == approval_id)
-        async with self._read() as connection:
-            rows = (await connection.execute(query)).all()
+        backend = await self._ready()
+        with self._errors():
+            rows = await backend.event_rows(approval_id)
         return [
             ApprovalEvent(
                 seq=row.seq,
                 approval_id=row.approval_id,
-                kind=row.kind,
+                kind=cast(EventKind, row.kind),
                 at=row.at,
                 actor=row.actor,
                 channel=row.channel,
@@ -290,69 +212,57 @@ class SqlApprovalStore:
             for row in rows
         ]
 
-    async def _ensure_ready(self) -> None:
-        if self._ready:
-            return
-        async with self._ready_lock:
-            if not self._ready:
-                await ensure_schema(self._engine, self.url, auto_migrate=self.auto_migrate)
-                self._ready = True
+    async def _ready(self) -> Backend:
+        if self._backend is not None:
+            return self._backend
+        async with self._opening:
+            if self._backend is None:
+                self._backend = await self._connect()
+        return self._backend
 
-    @contextlib.asynccontextmanager
-    async def _write(self) -> AsyncIterator[AsyncConnection]:
-        await self._ensure_ready()
+    async def _connect(self) -> Backend:
+        engine = open_engine(self.url)
+        try:
+            await ensure_schema(engine, self.url, auto_migrate=self.auto_migrate)
+        finally:
+            await engine.dispose()
+        with self._errors():
+            if self.url.get_backend_name() == "sqlite":
+                target, uri = _sqlite_target(self.url)
+                return SqliteBackend(target, uri=uri, busy_timeout=SQLITE_BUSY_TIMEOUT_MS / 1000)
+            dsn = self.url.set(drivername="postgresql").render_as_string(hide_password=False)
+            return await PostgresBackend.connect(dsn)
+
+    @contextlib.contextmanager
+    def _errors(self) -> Iterator[None]:
         with translate_errors(self.url):
-            async with write_transaction(self._engine) as connection:
-                yield connection
-
-    @contextlib.asynccontextmanager
-    async def _read(self) -> AsyncIterator[AsyncConnection]:
-        await self._ensure_ready()
-        with translate_errors(self.url):
-            async with read_transaction(self._engine) as connection:
-                yield connection
-
-    async def _log(
-        self,
-        connection: AsyncConnection,
-        approval_id: str,
-        kind: EventKind,
-        actor: str | None = None,
-        channel: str | None = None,
-        detail: dict[str, Any] | None = None,
-    ) -> None:
-        await connection.execute(
-            insert(events).values(
-                approval_id=approval_id,
-                kind=kind,
-                at=self._clock(),
-                actor=actor,
-                channel=channel,
-                detail=canonical_json(detail or {}),
-            )
-        )
+            yield
 
 
-async def _select_one(connection: AsyncConnection, approval_id: str) -> Row[Any] | None:
-    query = select(approvals).where(approvals.c.approval_id == approval_id)
-    return (await connection.execute(query)).first()
+def _sqlite_target(url: URL) -> tuple[str, bool]:
+    """What sqlite3.connect() takes for this URL: a path, or a `file:` URI with its query."""
+    database = url.database or ""
+    query = {key: value for key, value in url.query.items() if key != "uri"}
+    if url.query.get("uri") in ("true", "1") or database.startswith("file:"):
+        return (f"{database}?{urlencode(query, doseq=True)}" if query else database), True
+    return database, False
 
 
-def _record(row: Row[Any]) -> ApprovalRecord:
+def _record(row: Row) -> ApprovalRecord:
     return ApprovalRecord(
-        approval_id=row.approval_id,
+        approval_id=row["approval_id"],
         request=ApprovalRequest(
-            run_id=row.run_id,
-            call_id=row.call_id,
-            tool=row.tool,
-            arguments=json.loads(row.arguments),
-            digest=row.digest,
-            requested_by=row.requested_by,
+            run_id=row["run_id"],
+            call_id=row["call_id"],
+            tool=row["tool"],
+            arguments=json.loads(row["arguments"]),
+            digest=row["digest"],
+            requested_by=row["requested_by"],
         ),
-        created_at=row.created_at,
-        decision=None if row.decision is None else Decision.model_validate_json(row.decision),
-        decided_at=row.decided_at,
-        consumed_at=row.consumed_at,
-        finished_at=row.finished_at,
-        outcome=row.outcome,
+        created_at=row["created_at"],
+        decision=None if row["decision"] is None else Decision.model_validate_json(row["decision"]),
+        decided_at=row["decided_at"],
+        consumed_at=row["consumed_at"],
+        finished_at=row["finished_at"],
+        outcome=row["outcome"],
     )

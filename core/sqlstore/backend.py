@@ -1,0 +1,128 @@
+"""What the SQL store asks of a database backend, and the values they trade.
+
+Each write operation is one transaction that either changes the record and appends its
+events, or, when the record is not in the state the change needs, appends a `refused` event
+(for decide and consume) and returns the record as it is. `SqlApprovalStore` turns that into
+records and errors. The rules for which events an operation appends live here, once.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Protocol, TypeAlias
+
+from core.store import CONCURRENT_USE_REASON
+from core.tools import canonical_json
+
+__all__ = [
+    "ALREADY_DECIDED",
+    "DECIDE_REFUSAL",
+    "NOT_DECIDED",
+    "Backend",
+    "Change",
+    "EventRow",
+    "EventValues",
+    "Row",
+    "consume_refusal",
+    "consumed_events",
+]
+
+Row: TypeAlias = dict[str, Any]
+"""One `approvals` row: column name to value, timestamps as aware UTC datetimes."""
+EventValues: TypeAlias = tuple[str, str | None, str | None, str]
+"""An event to append: kind, actor, channel, detail (a JSON object)."""
+
+ALREADY_DECIDED = "already decided"
+NOT_DECIDED = "not decided"
+
+
+DECIDE_REFUSAL = canonical_json({"reason": ALREADY_DECIDED})
+"""The detail of a refused decide: the first decision won."""
+
+
+def consume_refusal(existing: Row) -> str:
+    """Why a consume was refused, as the event's detail."""
+    reason = NOT_DECIDED if existing["decided_at"] is None else CONCURRENT_USE_REASON
+    return canonical_json({"reason": reason})
+
+
+def consumed_events(row: Row, actor: str | None) -> list[EventValues]:
+    """The events of a consume: `consumed`, and `finished` for a denial."""
+    events: list[EventValues] = [("consumed", actor, "executor", "{}")]
+    if row["status"] == "denied":
+        events.append(("finished", None, "executor", canonical_json({"outcome": "denied"})))
+    return events
+
+
+@dataclass(frozen=True)
+class Change:
+    """The outcome of a conditional write."""
+
+    changed: Row | None
+    """The row after the change, or None when the condition did not hold."""
+    existing: Row | None
+    """When nothing changed: the row as it is (None if there is no such approval)."""
+
+
+@dataclass(frozen=True)
+class EventRow:
+    """One `events` row."""
+
+    seq: int
+    approval_id: str
+    kind: str
+    at: datetime
+    actor: str | None
+    channel: str | None
+    detail: str
+
+
+class Backend(Protocol):
+    """One database's implementation of the store's atomic operations."""
+
+    async def create(self, row: Row, event_at: datetime) -> Row:
+        """Insert `row` unless the call has an active record; return the active record."""
+        ...
+
+    async def get(self, approval_id: str) -> Row | None:
+        """The row, or None."""
+        ...
+
+    async def find(self, run_id: str, call_id: str) -> Row | None:
+        """The newest row of the call, or None."""
+        ...
+
+    async def list_rows(
+        self, run_id: str | None, status: str | None, limit: int | None
+    ) -> list[Row]:
+        """Rows in creation order."""
+        ...
+
+    async def decide(
+        self,
+        approval_id: str,
+        decision: str,
+        status: str,
+        at: datetime,
+        actor: str | None,
+        channel: str | None,
+    ) -> Change:
+        """Record the decision (JSON) if there is none yet."""
+        ...
+
+    async def consume(self, approval_id: str, at: datetime, actor: str | None) -> Change:
+        """Take a decided, unconsumed decision; a denial is finished at once."""
+        ...
+
+    async def finish(self, approval_id: str, at: datetime, outcome: str) -> Change:
+        """Finish a consumed, unfinished record."""
+        ...
+
+    async def event_rows(self, approval_id: str | None) -> list[EventRow]:
+        """Events in order, of one approval or all."""
+        ...
+
+    async def close(self) -> None:
+        """Release the connection(s)."""
+        ...

@@ -1,0 +1,215 @@
+"""The PostgreSQL backend: asyncpg, one round trip per operation.
+
+Each operation is a single statement, so it is its own transaction: the conditional UPDATE
+(or the INSERT ... ON CONFLICT) and the INSERT of its events are one data-modifying CTE.
+Concurrent writers of one row queue on its row lock and re-check the condition, so exactly
+one of them changes it. Only the rare paths (a refusal, a create that met an active record)
+take a second statement.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+import asyncpg
+
+from core.sqlstore.backend import (
+    DECIDE_REFUSAL,
+    NOT_DECIDED,
+    Change,
+    EventRow,
+    Row,
+)
+from core.store import CONCURRENT_USE_REASON
+from core.tools import canonical_json
+
+__all__ = ["PostgresBackend"]
+
+_COLUMNS = (
+    "approval_id, run_id, call_id, tool, arguments, digest, requested_by, status, decision, "
+    "created_at, decided_at, consumed_at, finished_at, outcome"
+)
+_EVENTS = "INSERT INTO events (approval_id, kind, at, actor, channel, detail)"
+_SELECT_ONE = f"SELECT {_COLUMNS} FROM approvals WHERE approval_id = $1"
+
+_CREATE = f"""
+WITH inserted AS (
+    INSERT INTO approvals (approval_id, run_id, call_id, tool, arguments, digest,
+                           requested_by, status, created_at)
+    VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
+    ON CONFLICT (run_id, call_id) WHERE finished_at IS NULL DO NOTHING
+    RETURNING {_COLUMNS}
+), logged AS (
+    {_EVENTS}
+    SELECT approval_id, 'created', $10::timestamptz, requested_by, NULL, '{{}}' FROM inserted
+)
+SELECT {_COLUMNS} FROM inserted"""
+
+_ACTIVE = f"""
+SELECT {_COLUMNS} FROM approvals WHERE run_id = $1 AND call_id = $2 AND finished_at IS NULL"""
+
+_DECIDE = f"""
+WITH changed AS (
+    UPDATE approvals SET decision = $2, status = $3, decided_at = $4
+    WHERE approval_id = $1 AND decision IS NULL
+    RETURNING {_COLUMNS}
+), logged AS (
+    {_EVENTS}
+    SELECT approval_id, 'decided', $4::timestamptz, $5::text, $6::text, $7::text FROM changed
+)
+SELECT {_COLUMNS} FROM changed"""
+
+_CONSUME = f"""
+WITH changed AS (
+    UPDATE approvals
+    SET consumed_at = $2,
+        finished_at = CASE WHEN status = 'denied' THEN $2::timestamptz END,
+        outcome = CASE WHEN status = 'denied' THEN 'denied' END
+    WHERE approval_id = $1 AND decided_at IS NOT NULL AND consumed_at IS NULL
+    RETURNING {_COLUMNS}
+), logged AS (
+    {_EVENTS}
+    SELECT approval_id, 'consumed', $2::timestamptz, $3::text, 'executor', '{{}}' FROM changed
+    UNION ALL
+    SELECT approval_id, 'finished', $2::timestamptz, NULL, 'executor', $4::text FROM changed
+    WHERE status = 'denied'
+)
+SELECT {_COLUMNS} FROM changed"""
+
+_FINISH = f"""
+WITH changed AS (
+    UPDATE approvals SET finished_at = $2, outcome = $3
+    WHERE approval_id = $1 AND consumed_at IS NOT NULL AND finished_at IS NULL
+    RETURNING {_COLUMNS}
+), logged AS (
+    {_EVENTS}
+    SELECT approval_id, 'finished', $2::timestamptz, NULL, 'executor', $4::text FROM changed
+)
+SELECT {_COLUMNS} FROM changed"""
+
+# A refusal: the record as it is, and a `refused` event whose detail depends on its state.
+_REFUSE = f"""
+WITH existing AS ({_SELECT_ONE}), logged AS (
+    {_EVENTS}
+    SELECT approval_id, 'refused', $2::timestamptz, $3::text, $4::text,
+           CASE WHEN decided_at IS NULL THEN $5::text ELSE $6::text END
+    FROM existing
+)
+SELECT {_COLUMNS} FROM existing"""
+
+
+def _row(record: asyncpg.Record | None) -> Row | None:
+    return None if record is None else dict(record)
+
+
+class PostgresBackend:
+    """Atomic store operations on a pool of asyncpg connections."""
+
+    def __init__(self, pool: asyncpg.Pool) -> None:
+        self._pool = pool
+
+    @classmethod
+    async def connect(cls, dsn: str) -> PostgresBackend:
+        """Open a small pool on `dsn` (a plain `postgresql://` URL)."""
+        return cls(await asyncpg.create_pool(dsn, min_size=1, max_size=10))
+
+    async def _one(self, query: str, *arguments: Any) -> Row | None:
+        return _row(await self._pool.fetchrow(query, *arguments))
+
+    async def create(self, row: Row, event_at: datetime) -> Row:
+        arguments = (
+            row["approval_id"], row["run_id"], row["call_id"], row["tool"], row["arguments"],
+            row["digest"], row["requested_by"], row["status"], row["created_at"],
+        )  # fmt: skip
+        while True:
+            active = await self._one(_ACTIVE, row["run_id"], row["call_id"])
+            if active is not None:
+                return active  # a resume: nothing to write
+            inserted = await self._one(_CREATE, *arguments, event_at)
+            if inserted is not None:
+                return inserted
+            # Another connection made the active record since the read: read it again (and
+            # should it have finished in between, insert again).
+
+    async def get(self, approval_id: str) -> Row | None:
+        return await self._one(_SELECT_ONE, approval_id)
+
+    async def find(self, run_id: str, call_id: str) -> Row | None:
+        return await self._one(
+            f"SELECT {_COLUMNS} FROM approvals WHERE run_id = $1 AND call_id = $2 "
+            "ORDER BY seq DESC LIMIT 1",
+            run_id,
+            call_id,
+        )
+
+    async def list_rows(
+        self, run_id: str | None, status: str | None, limit: int | None
+    ) -> list[Row]:
+        where, arguments = [], []
+        for column, value in (("run_id", run_id), ("status", status)):
+            if value is not None:
+                arguments.append(value)
+                where.append(f"{column} = ${len(arguments)}")
+        query = f"SELECT {_COLUMNS} FROM approvals"
+        if where:
+            query += " WHERE " + " AND ".join(where)
+        query += " ORDER BY seq"
+        if limit is not None:
+            query += f" LIMIT {int(limit)}"
+        return [dict(record) for record in await self._pool.fetch(query, *arguments)]
+
+    async def decide(
+        self,
+        approval_id: str,
+        decision: str,
+        status: str,
+        at: datetime,
+        actor: str | None,
+        channel: str | None,
+    ) -> Change:
+        detail = canonical_json({"status": status})
+        changed = await self._one(
+            _DECIDE, approval_id, decision, status, at, actor, channel, detail
+        )
+        if changed is not None:
+            return Change(changed, None)
+        existing = await self._one(
+            _REFUSE, approval_id, at, actor, channel, DECIDE_REFUSAL, DECIDE_REFUSAL
+        )
+        return Change(None, existing)
+
+    async def consume(self, approval_id: str, at: datetime, actor: str | None) -> Change:
+        finished = canonical_json({"outcome": "denied"})
+        changed = await self._one(_CONSUME, approval_id, at, actor, finished)
+        if changed is not None:
+            return Change(changed, None)
+        existing = await self._one(
+            _REFUSE,
+            approval_id,
+            at,
+            actor,
+            "executor",
+            canonical_json({"reason": NOT_DECIDED}),
+            canonical_json({"reason": CONCURRENT_USE_REASON}),
+        )
+        return Change(None, existing)
+
+    async def finish(self, approval_id: str, at: datetime, outcome: str) -> Change:
+        detail = canonical_json({"outcome": outcome})
+        changed = await self._one(_FINISH, approval_id, at, outcome, detail)
+        if changed is not None:
+            return Change(changed, None)
+        return Change(None, await self.get(approval_id))
+
+    async def event_rows(self, approval_id: str | None) -> list[EventRow]:
+        query = "SELECT seq, approval_id, kind, at, actor, channel, detail FROM events"
+        arguments: tuple[str, ...] = ()
+        if approval_id is not None:
+            query += " WHERE approval_id = $1"
+            arguments = (approval_id,)
+        records = await self._pool.fetch(query + " ORDER BY seq", *arguments)
+        return [EventRow(*record) for record in records]
+
+    async def close(self) -> None:
+        await self._pool.close()
