@@ -5,11 +5,13 @@ the tool runs once. Each workload runs `--cycles` cycles (after a short warm-up)
 script prints cycles/second for each, then the ratios that GOALS.md sets goals for:
 
 1. nodbot, memory store: `Executor` + `DeferredApproval(MemoryApprovalStore())`.
-2. nodbot, SQLite file: the same with `SqlApprovalStore("sqlite+aiosqlite:///...")`.
-3. nodbot, PostgreSQL: the same with `SqlApprovalStore("postgresql+asyncpg://...")`, on a
-   fresh database created on the server named by `NODBOT_BENCH_POSTGRES_URL` (default
-   `postgresql://postgres@127.0.0.1:5432/postgres`) and dropped at the end. Skipped when the
-   server is unreachable; only loopback servers are accepted.
+2. nodbot, SQLite file: the same with `SqlApprovalStore("sqlite:///...")`, measured
+   `--rounds` times alternately with the floor; the goals compare medians.
+3. nodbot, PostgreSQL: the same with `SqlApprovalStore("postgresql://...")`, one run at a
+   time and 16 runs at once (PostgreSQL makes every commit durable with an fsync, which
+   concurrent commits share), on a fresh database created on the server named by
+   `NODBOT_BENCH_POSTGRES_URL` (default `postgresql://postgres@127.0.0.1:5432/postgres`) and
+   dropped at the end. Skipped when the server is unreachable; only loopback is accepted.
 4. The peer: LangChain `create_agent` + `HumanInTheLoopMiddleware` + LangGraph `SqliteSaver`
    on a SQLite file, driven by a fake chat model (no network).
 5. The floor: three raw sqlite3 transactions per cycle (WAL, `synchronous=NORMAL`): insert
@@ -29,10 +31,11 @@ import itertools
 import os
 import secrets
 import sqlite3
+import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -48,7 +51,9 @@ from core import (  # noqa: E402  (after the tracing switch above)
     DeferredApproval,
     Executor,
     MemoryApprovalStore,
+    SqlApprovalStore,
     ToolCall,
+    ToolContext,
     ToolRegistry,
 )
 
@@ -56,6 +61,8 @@ DEFAULT_POSTGRES_URL = "postgresql://postgres@127.0.0.1:5432/postgres"
 PEER_GOAL = 20.0
 """nodbot on SQLite must do at least this many times the peer's cycles/s."""
 FLOOR_GOAL = 10.0
+POSTGRES_CONCURRENCY = 16
+"""Runs at once in the concurrent PostgreSQL workload."""
 """The floor may do at most this many times nodbot's cycles/s on SQLite."""
 POSTGRES_GOAL = 1000.0
 """Cycles/s nodbot must reach on PostgreSQL over loopback."""
@@ -78,8 +85,11 @@ class Result:
 # --- nodbot ------------------------------------------------------------------------------
 
 
-async def nodbot_cycles(workload: str, store: ApprovalStore, cycles: int, warmup: int) -> Result:
-    """Run `warmup` then `cycles` approval cycles through an executor on `store`."""
+async def nodbot_cycles(
+    workload: str, store: ApprovalStore, cycles: int, warmup: int, concurrency: int = 1
+) -> Result:
+    """Run `warmup` then `cycles` approval cycles through an executor on `store`, in
+    `concurrency` runs at once (each its own run id, as a bot serving several runs)."""
     runs = 0
     registry = ToolRegistry()
 
@@ -91,12 +101,12 @@ async def nodbot_cycles(workload: str, store: ApprovalStore, cycles: int, warmup
         return f"refunded {amount} on {order_id}"
 
     executor = Executor(registry, approval=DeferredApproval(store))
-    ctx = executor.context(run_id=f"run_bench_{secrets.token_hex(4)}")
+    contexts = [executor.context(f"run_bench_{secrets.token_hex(4)}") for _ in range(concurrency)]
     arguments = {"order_id": "o-7", "amount": 500.0}
     decision = Decision(approved=True, decided_by="bench")
     numbers = itertools.count()
 
-    async def cycle() -> None:
+    async def cycle(ctx: ToolContext) -> None:
         call = ToolCall(name="refund", arguments=arguments, id=f"call_{next(numbers)}")
         first = await executor.run_call(call, ctx)
         assert first.status == "pending" and first.error is not None, first
@@ -104,33 +114,30 @@ async def nodbot_cycles(workload: str, store: ApprovalStore, cycles: int, warmup
         done = await executor.run_call(call, ctx)
         assert done.status == "ok", done
 
-    for _ in range(warmup):
-        await cycle()
+    async def worker(ctx: ToolContext, count: int) -> None:
+        for _ in range(count):
+            await cycle(ctx)
+
+    async def run(count: int) -> None:
+        share, extra = divmod(count, concurrency)
+        await asyncio.gather(*(worker(ctx, share + (i < extra)) for i, ctx in enumerate(contexts)))
+
+    await run(warmup)
     gc.collect()
     start = time.perf_counter()
-    for _ in range(cycles):
-        await cycle()
+    await run(cycles)
     seconds = time.perf_counter() - start
     assert runs == warmup + cycles, f"{workload}: the tool ran {runs} times"
     return Result(workload, cycles, seconds)
 
 
-def load_sql_store() -> Callable[[str], Any] | None:
-    """`SqlApprovalStore`, or None when `core.sqlstore` does not exist yet."""
-    try:
-        from core.sqlstore import SqlApprovalStore
-    except ImportError:
-        return None
-    return SqlApprovalStore
-
-
 async def nodbot_sql(
-    workload: str, factory: Callable[[str], Any], url: str, cycles: int, warmup: int
+    workload: str, url: str, cycles: int, warmup: int, concurrency: int = 1
 ) -> Result:
     """The nodbot workload on a `SqlApprovalStore(url)`, closed at the end."""
-    store = factory(url)
+    store = SqlApprovalStore(url)
     try:
-        return await nodbot_cycles(workload, store, cycles, warmup)
+        return await nodbot_cycles(workload, store, cycles, warmup, concurrency)
     finally:
         await store.close()
 
@@ -147,30 +154,38 @@ def is_loopback(host: str | None) -> bool:
         return False
 
 
-async def nodbot_postgres(
-    factory: Callable[[str], Any], server_url: str, cycles: int, warmup: int
-) -> Result | None:
-    """The nodbot workload on a fresh PostgreSQL database, dropped at the end, even on error.
+async def nodbot_postgres(server_url: str, cycles: int, warmup: int) -> list[Result]:
+    """The nodbot workload on a fresh PostgreSQL database, one run at a time and
+    `POSTGRES_CONCURRENCY` at once; the database is dropped at the end, even on error.
 
-    Returns None (and says why) when the server is not on loopback or is unreachable.
+    Returns nothing (and says why) when the server is not on loopback or is unreachable.
     """
     import asyncpg
 
     parts = urlsplit(server_url)
     if not is_loopback(parts.hostname):
         print(f"postgresql: skipped, {parts.hostname!r} is not a loopback address")
-        return None
+        return []
     try:
         admin = await asyncpg.connect(server_url, timeout=5)
     except (TimeoutError, OSError, asyncpg.PostgresError) as exc:
         print(f"postgresql: unreachable at {parts.hostname}:{parts.port or 5432} ({exc})")
-        return None
+        return []
     name = f"nodbot_bench_{secrets.token_hex(6)}"
     try:
         await admin.execute(f'CREATE DATABASE "{name}"')
         try:
-            url = urlunsplit(("postgresql+asyncpg", parts.netloc, f"/{name}", "", ""))
-            return await nodbot_sql("nodbot postgresql", factory, url, cycles, warmup)
+            url = urlunsplit(("postgresql", parts.netloc, f"/{name}", "", ""))
+            return [
+                await nodbot_sql("nodbot postgresql", url, cycles, warmup),
+                await nodbot_sql(
+                    f"nodbot postgresql x{POSTGRES_CONCURRENCY}",
+                    url,
+                    cycles,
+                    warmup,
+                    POSTGRES_CONCURRENCY,
+                ),
+            ]
         finally:
             await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
     finally:
@@ -178,20 +193,12 @@ async def nodbot_postgres(
 
 
 async def nodbot_all(args: argparse.Namespace, tmp: Path) -> list[Result]:
-    """The nodbot workloads: memory, then SQLite and PostgreSQL when the SQL store exists."""
+    """The nodbot workloads besides SQLite: memory and PostgreSQL."""
     results = [
         await nodbot_cycles("nodbot memory", MemoryApprovalStore(), args.cycles, args.warmup)
     ]
-    factory = load_sql_store()
-    if factory is None:
-        print("sqlite/postgresql: SqlApprovalStore not available yet")
-        return results
-    url = f"sqlite+aiosqlite:///{tmp / 'nodbot.db'}"
-    results.append(await nodbot_sql("nodbot sqlite", factory, url, args.cycles, args.warmup))
     server_url = os.environ.get("NODBOT_BENCH_POSTGRES_URL", DEFAULT_POSTGRES_URL)
-    postgres = await nodbot_postgres(factory, server_url, args.cycles, args.warmup)
-    if postgres is not None:
-        results.append(postgres)
+    results += await nodbot_postgres(server_url, args.cycles, args.warmup)
     return results
 
 
@@ -344,27 +351,25 @@ def print_table(results: Sequence[Result]) -> None:
         )
 
 
+def median_rate(results: Sequence[Result], workload: str) -> float | None:
+    """The median cycles/s of a workload measured in several rounds, or None."""
+    rates = [result.rate for result in results if result.workload == workload]
+    return statistics.median(rates) if rates else None
+
+
 def print_goals(results: Sequence[Result]) -> None:
-    by_name = {result.workload: result for result in results}
-    sqlite = by_name.get("nodbot sqlite")
-    peer = by_name.get("peer langchain hitl")
-    floor = by_name.get("floor sqlite3")
-    postgres = by_name.get("nodbot postgresql")
+    sqlite = median_rate(results, "nodbot sqlite")
+    peer = median_rate(results, "peer langchain hitl")
+    floor = median_rate(results, "floor sqlite3")
     print()
     if sqlite and peer:
-        print(f"nodbot sqlite / peer = {sqlite.rate / peer.rate:.1f}x (goal >= {PEER_GOAL:.0f}x)")
-    else:
-        print(f"nodbot sqlite / peer = n/a (goal >= {PEER_GOAL:.0f}x)")
+        print(f"nodbot sqlite / peer = {sqlite / peer:.1f}x (goal >= {PEER_GOAL:.0f}x)")
     if sqlite and floor:
-        print(
-            f"floor / nodbot sqlite = {floor.rate / sqlite.rate:.1f}x (goal <= {FLOOR_GOAL:.0f}x)"
-        )
-    else:
-        print(f"floor / nodbot sqlite = n/a (goal <= {FLOOR_GOAL:.0f}x)")
-    if postgres:
-        print(f"nodbot postgresql = {postgres.rate:,.0f} cycles/s (goal >= {POSTGRES_GOAL:,.0f}/s)")
-    else:
-        print(f"nodbot postgresql = n/a (goal >= {POSTGRES_GOAL:,.0f}/s)")
+        print(f"floor / nodbot sqlite = {floor / sqlite:.1f}x (goal <= {FLOOR_GOAL:.0f}x)")
+    for workload in ("nodbot postgresql", f"nodbot postgresql x{POSTGRES_CONCURRENCY}"):
+        rate = median_rate(results, workload)
+        if rate:
+            print(f"{workload} = {rate:,.0f} cycles/s (goal >= {POSTGRES_GOAL:,.0f}/s)")
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -373,22 +378,36 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--warmup", type=int, default=50, help="cycles run before measuring (default 50)"
     )
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=3,
+        help="times nodbot sqlite and the floor are measured, alternately (default 3)",
+    )
     args = parser.parse_args(argv)
-    if args.cycles < 1 or args.warmup < 0:
-        parser.error("--cycles must be >= 1 and --warmup >= 0")
+    if args.cycles < 1 or args.warmup < 0 or args.rounds < 1:
+        parser.error("--cycles and --rounds must be >= 1 and --warmup >= 0")
     return args
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
-    print(f"approval cycle: {args.cycles} cycles per workload after {args.warmup} warm-up")
+    print(
+        f"approval cycle: {args.cycles} cycles per workload after {args.warmup} warm-up; "
+        f"nodbot sqlite and the floor alternate over {args.rounds} rounds (medians compared)"
+    )
     with tempfile.TemporaryDirectory(prefix="nodbot-bench-") as name:
         tmp = Path(name)
+        results: list[Result] = []
+        # This machine is shared and noisy: measuring the two alternately, several times,
+        # keeps a passing load from favouring one of them.
+        for round_ in range(args.rounds):
+            results.append(floor_cycles(tmp / f"floor{round_}.db", args.cycles, args.warmup))
+            url = f"sqlite:///{tmp / f'nodbot{round_}.db'}"
+            results.append(asyncio.run(nodbot_sql("nodbot sqlite", url, args.cycles, args.warmup)))
+        results += asyncio.run(nodbot_all(args, tmp))
         # The peer runs last: it leaves the disk and the heap busy, which slows what follows.
-        floor = floor_cycles(tmp / "floor.db", args.cycles, args.warmup)
-        results = asyncio.run(nodbot_all(args, tmp))
         results.append(peer_cycles(tmp / "peer.db", args.cycles, args.warmup))
-        results.append(floor)
     print_table(results)
     print_goals(results)
     return 0

@@ -136,7 +136,10 @@ class Executor:
     async def _execute(self, call: ToolCall, ctx: ToolContext) -> tuple[Any, dict[str, Any]]:
         tool = self.registry.get(call.name)
         validated = tool.validate(call.arguments)
-        checked = call.model_copy(update={"arguments": validated.canonical})
+        # Rules see the validated arguments; the copy skips validation (they just passed it).
+        checked = ToolCall.model_construct(
+            name=call.name, arguments=validated.canonical, id=call.id
+        )
         if not await self.needs_review(tool, checked, ctx):
             return await self._invoke(tool, validated, ctx), validated.canonical
         if self.approval is None:

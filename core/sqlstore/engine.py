@@ -6,7 +6,7 @@ from __future__ import annotations
 import contextlib
 import re
 import sqlite3
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +16,7 @@ from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import ArgumentError, DBAPIError, SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 
-from core.errors import StoreError, StoreUnavailableError
+from core.errors import StoreUnavailableError
 
 __all__ = ["connect_error", "normalize_url", "open_engine", "redact", "translate_errors"]
 
@@ -104,17 +104,34 @@ def open_engine(url: URL) -> AsyncEngine:
     return engine
 
 
-@contextlib.contextmanager
-def translate_errors(url: URL) -> Iterator[None]:
-    """Turn driver failures into `StoreUnavailableError` naming the URL (no password)."""
-    try:
-        yield
-    except StoreError:
-        raise
-    except (OSError, SQLAlchemyError, sqlite3.Error, asyncpg.PostgresError) as exc:
-        raise connect_error(url, exc) from exc
-    except asyncpg.InterfaceError as exc:
-        raise connect_error(url, exc) from exc
+_DRIVER_ERRORS = (
+    OSError,
+    SQLAlchemyError,
+    sqlite3.Error,
+    asyncpg.PostgresError,
+    asyncpg.InterfaceError,
+)
+
+
+class translate_errors:
+    """Turn driver failures into `StoreUnavailableError` naming the URL (no password).
+
+    A class rather than a generator: it wraps every store operation.
+    """
+
+    __slots__ = ("url",)
+
+    def __init__(self, url: URL) -> None:
+        self.url = url
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(
+        self, kind: type[BaseException] | None, error: BaseException | None, _tb: object
+    ) -> None:
+        if error is not None and isinstance(error, _DRIVER_ERRORS):
+            raise connect_error(self.url, error) from error
 
 
 def connect_error(url: URL, exc: BaseException) -> StoreUnavailableError:

@@ -48,8 +48,10 @@ _SELECT_ACTIVE = (
 
 
 def _text(moment: datetime) -> str:
-    """The form SQLAlchemy writes DATETIME columns in on SQLite (naive UTC)."""
-    return moment.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S.%f")
+    """The form SQLAlchemy writes DATETIME columns in on SQLite: naive UTC, ISO with a space."""
+    if moment.tzinfo is not UTC:
+        moment = moment.astimezone(UTC)
+    return moment.replace(tzinfo=None).isoformat(" ", "microseconds")
 
 
 def _moment(text: str | None) -> datetime | None:

@@ -14,9 +14,8 @@ database work (see README, Benchmarks).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from datetime import datetime
 from typing import TypeAlias, cast
 from urllib.parse import urlencode
@@ -233,10 +232,8 @@ class SqlApprovalStore:
             dsn = self.url.set(drivername="postgresql").render_as_string(hide_password=False)
             return await PostgresBackend.connect(dsn)
 
-    @contextlib.contextmanager
-    def _errors(self) -> Iterator[None]:
-        with translate_errors(self.url):
-            yield
+    def _errors(self) -> translate_errors:
+        return translate_errors(self.url)
 
 
 def _sqlite_target(url: URL) -> tuple[str, bool]:

@@ -64,7 +64,6 @@ def upgrade() -> None:
         postgresql_where=UNFINISHED,
     )
     op.create_index("approvals_call", "approvals", ["run_id", "call_id", "seq"])
-    op.create_index("approvals_run_status", "approvals", ["run_id", "status", "seq"])
     op.create_index("approvals_status", "approvals", ["status", "seq"])
 
     op.create_table(
