@@ -8,7 +8,7 @@ script prints cycles/second for each, then the ratios that GOALS.md sets goals f
 2. nodbot, SQLite file: the same with `SqlApprovalStore("sqlite:///...")`, measured
    `--rounds` times alternately with the floor; the goals compare medians.
 3. nodbot, PostgreSQL: the same with `SqlApprovalStore("postgresql://...")`, one run at a
-   time and 16 runs at once (PostgreSQL makes every commit durable with an fsync, which
+   time and 8 runs at once (PostgreSQL makes every commit durable with an fsync, which
    concurrent commits share), on a fresh database created on the server named by
    `NODBOT_BENCH_POSTGRES_URL` (default `postgresql://postgres@127.0.0.1:5432/postgres`) and
    dropped at the end. Skipped when the server is unreachable; only loopback is accepted.
@@ -61,7 +61,7 @@ DEFAULT_POSTGRES_URL = "postgresql://postgres@127.0.0.1:5432/postgres"
 PEER_GOAL = 20.0
 """nodbot on SQLite must do at least this many times the peer's cycles/s."""
 FLOOR_GOAL = 10.0
-POSTGRES_CONCURRENCY = 16
+POSTGRES_CONCURRENCY = 8
 """Runs at once in the concurrent PostgreSQL workload."""
 """The floor may do at most this many times nodbot's cycles/s on SQLite."""
 POSTGRES_GOAL = 1000.0

@@ -44,7 +44,11 @@ WITH inserted AS (
     {_EVENTS}
     SELECT approval_id, 'created', $10::timestamptz, requested_by, NULL, '{{}}' FROM inserted
 )
-SELECT {_COLUMNS} FROM inserted"""
+SELECT {_COLUMNS} FROM inserted
+UNION ALL
+SELECT {_COLUMNS} FROM approvals
+WHERE run_id = $2 AND call_id = $3 AND finished_at IS NULL
+  AND NOT EXISTS (SELECT 1 FROM inserted)"""
 
 _ACTIVE = f"""
 SELECT {_COLUMNS} FROM approvals WHERE run_id = $1 AND call_id = $2 AND finished_at IS NULL"""
@@ -122,15 +126,15 @@ class PostgresBackend:
             row["approval_id"], row["run_id"], row["call_id"], row["tool"], row["arguments"],
             row["digest"], row["requested_by"], row["status"], row["created_at"],
         )  # fmt: skip
-        while True:
+        # One statement inserts the record, or returns the active one when the insert met
+        # it. An active record committed after the statement's snapshot is not visible to
+        # it: then it is read on its own (and should it have finished since, insert again).
+        active = await self._one(_CREATE, *arguments, event_at)
+        while active is None:
             active = await self._one(_ACTIVE, row["run_id"], row["call_id"])
-            if active is not None:
-                return active  # a resume: nothing to write
-            inserted = await self._one(_CREATE, *arguments, event_at)
-            if inserted is not None:
-                return inserted
-            # Another connection made the active record since the read: read it again (and
-            # should it have finished in between, insert again).
+            if active is None:
+                active = await self._one(_CREATE, *arguments, event_at)
+        return active
 
     async def get(self, approval_id: str) -> Row | None:
         return await self._one(_SELECT_ONE, approval_id)
