@@ -37,6 +37,7 @@ $(VENV)/.bench-installed: pyproject.toml | $(VENV)/.installed
 
 bench: $(VENV)/.bench-installed
 	$(BIN)/python bench/cycle.py
+	$(BIN)/python bench/list_pending.py
 
 clean:
 	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache

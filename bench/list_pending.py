@@ -24,6 +24,7 @@ from datetime import UTC, datetime
 
 import asyncpg
 from sqlalchemy import insert
+from sqlalchemy.ext.asyncio import create_async_engine
 
 from core import SqlApprovalStore
 from core.sqlstore.schema import approvals
@@ -63,8 +64,10 @@ def rows(total: int) -> list[dict[str, object]]:
 async def measure(label: str, url: str, total: int, repeats: int) -> None:
     async with SqlApprovalStore(url) as store:
         started = time.perf_counter()
-        async with store._engine.begin() as connection:  # a bulk fill, not the store's API
+        engine = create_async_engine(store.url)  # a bulk fill, not the store's API
+        async with engine.begin() as connection:
             await connection.execute(insert(approvals), rows(total))
+        await engine.dispose()
         filled = time.perf_counter() - started
         target = f"run_{RUNS // 2}"
         timings = []

@@ -9,18 +9,17 @@ revision this nodbot does not know (written by a newer nodbot) is always refused
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from alembic import command
-from alembic.config import Config
-from alembic.runtime.migration import MigrationContext
-from alembic.script import ScriptDirectory
-from alembic.util import CommandError
 from sqlalchemy import Connection, text
 from sqlalchemy.engine import URL
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from core.errors import StoreSchemaError
 from core.sqlstore.engine import redact, translate_errors, write_transaction
+
+if TYPE_CHECKING:
+    from alembic.config import Config
 
 __all__ = ["MIGRATE_COMMAND", "ensure_schema", "head_revision"]
 
@@ -30,7 +29,13 @@ MIGRATE_COMMAND = "nodbot migrate --store URL"
 _PG_LOCK_KEY = 0x6E6F64626F74
 
 
+# Alembic is imported where it is used: it is needed once per store, and importing it costs
+# more than half a second, which every `import core` would otherwise pay.
+
+
 def _config(connection: Connection | None = None) -> Config:
+    from alembic.config import Config
+
     config = Config()
     config.set_main_option("script_location", str(MIGRATIONS))
     config.attributes["connection"] = connection
@@ -39,6 +44,8 @@ def _config(connection: Connection | None = None) -> Config:
 
 def head_revision() -> str:
     """The newest schema revision this nodbot knows."""
+    from alembic.script import ScriptDirectory
+
     head = ScriptDirectory.from_config(_config()).get_current_head()
     assert head is not None
     return head
@@ -57,6 +64,11 @@ async def ensure_schema(engine: AsyncEngine, url: URL, *, auto_migrate: bool) ->
 
 
 def _check_and_upgrade(connection: Connection, shown_url: str, auto_migrate: bool) -> None:
+    from alembic import command
+    from alembic.runtime.migration import MigrationContext
+    from alembic.script import ScriptDirectory
+    from alembic.util import CommandError
+
     config = _config(connection)
     scripts = ScriptDirectory.from_config(config)
     head = scripts.get_current_head()

@@ -158,6 +158,10 @@ class SqliteBackend:
             where.append("status = ?")
             parameters.append(status)
         query = f"SELECT {_COLUMNS} FROM approvals"
+        if run_id is not None:
+            # A run has few records: without statistics the planner may prefer the status
+            # index, which for "pending" can mean scanning every pending record of every run.
+            query += " INDEXED BY approvals_call"
         if where:
             query += " WHERE " + " AND ".join(where)
         query += " ORDER BY seq"
