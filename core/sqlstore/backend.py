@@ -8,6 +8,7 @@ records and errors. The rules for which events an operation appends live here, o
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Protocol, TypeAlias
@@ -26,6 +27,7 @@ __all__ = [
     "Row",
     "consume_refusal",
     "consumed_events",
+    "detail",
 ]
 
 Row: TypeAlias = dict[str, Any]
@@ -44,14 +46,20 @@ DECIDE_REFUSAL = canonical_json({"reason": ALREADY_DECIDED})
 def consume_refusal(existing: Row) -> str:
     """Why a consume was refused, as the event's detail."""
     reason = NOT_DECIDED if existing["decided_at"] is None else CONCURRENT_USE_REASON
-    return canonical_json({"reason": reason})
+    return detail("reason", reason)
+
+
+@functools.cache
+def detail(key: str, value: str) -> str:
+    """The JSON object `{key: value}`, made once per pair: details repeat a few values."""
+    return canonical_json({key: value})
 
 
 def consumed_events(row: Row, actor: str | None) -> list[EventValues]:
     """The events of a consume: `consumed`, and `finished` for a denial."""
     events: list[EventValues] = [("consumed", actor, "executor", "{}")]
     if row["status"] == "denied":
-        events.append(("finished", None, "executor", canonical_json({"outcome": "denied"})))
+        events.append(("finished", None, "executor", detail("outcome", "denied")))
     return events
 
 

@@ -20,9 +20,9 @@ from core.sqlstore.backend import (
     Change,
     EventRow,
     Row,
+    detail,
 )
 from core.store import CONCURRENT_USE_REASON
-from core.tools import canonical_json
 
 __all__ = ["PostgresBackend"]
 
@@ -172,9 +172,9 @@ class PostgresBackend:
         actor: str | None,
         channel: str | None,
     ) -> Change:
-        detail = canonical_json({"status": status})
+        decided = detail("status", status)
         changed = await self._one(
-            _DECIDE, approval_id, decision, status, at, actor, channel, detail
+            _DECIDE, approval_id, decision, status, at, actor, channel, decided
         )
         if changed is not None:
             return Change(changed, None)
@@ -184,8 +184,7 @@ class PostgresBackend:
         return Change(None, existing)
 
     async def consume(self, approval_id: str, at: datetime, actor: str | None) -> Change:
-        finished = canonical_json({"outcome": "denied"})
-        changed = await self._one(_CONSUME, approval_id, at, actor, finished)
+        changed = await self._one(_CONSUME, approval_id, at, actor, detail("outcome", "denied"))
         if changed is not None:
             return Change(changed, None)
         existing = await self._one(
@@ -194,14 +193,13 @@ class PostgresBackend:
             at,
             actor,
             "executor",
-            canonical_json({"reason": NOT_DECIDED}),
-            canonical_json({"reason": CONCURRENT_USE_REASON}),
+            detail("reason", NOT_DECIDED),
+            detail("reason", CONCURRENT_USE_REASON),
         )
         return Change(None, existing)
 
     async def finish(self, approval_id: str, at: datetime, outcome: str) -> Change:
-        detail = canonical_json({"outcome": outcome})
-        changed = await self._one(_FINISH, approval_id, at, outcome, detail)
+        changed = await self._one(_FINISH, approval_id, at, outcome, detail("outcome", outcome))
         if changed is not None:
             return Change(changed, None)
         return Change(None, await self.get(approval_id))

@@ -26,8 +26,8 @@ from core.sqlstore.backend import (
     Row,
     consume_refusal,
     consumed_events,
+    detail,
 )
-from core.tools import canonical_json
 
 __all__ = ["SqliteBackend"]
 
@@ -37,7 +37,23 @@ _COLUMNS = (
     "approval_id, run_id, call_id, tool, arguments, digest, requested_by, status, decision, "
     "created_at, decided_at, consumed_at, finished_at, outcome"
 )
+_NAMES = tuple(name.strip() for name in _COLUMNS.split(","))
 _TIMES = ("created_at", "decided_at", "consumed_at", "finished_at")
+_NEW = (
+    "approval_id",
+    "run_id",
+    "call_id",
+    "tool",
+    "arguments",
+    "digest",
+    "requested_by",
+    "status",
+    "created_at",
+)
+_INSERT = (
+    f"INSERT INTO approvals ({', '.join(_NEW)}) VALUES ({', '.join('?' for _ in _NEW)}) "
+    f"ON CONFLICT (run_id, call_id) WHERE finished_at IS NULL DO NOTHING RETURNING {_COLUMNS}"
+)
 _EVENT = (
     "INSERT INTO events (approval_id, kind, at, actor, channel, detail) VALUES (?, ?, ?, ?, ?, ?)"
 )
@@ -48,22 +64,24 @@ _SELECT_ACTIVE = (
 
 
 def _text(moment: datetime) -> str:
-    """The form SQLAlchemy writes DATETIME columns in on SQLite: naive UTC, ISO with a space."""
+    """The form SQLAlchemy writes DATETIME columns in on SQLite: naive UTC, ISO with a space
+    (the `+00:00` that isoformat adds for UTC is cut off)."""
     if moment.tzinfo is not UTC:
         moment = moment.astimezone(UTC)
-    return moment.replace(tzinfo=None).isoformat(" ", "microseconds")
+    return moment.isoformat(" ", "microseconds")[:26]
 
 
-def _moment(text: str | None) -> datetime | None:
-    return None if text is None else datetime.fromisoformat(text).replace(tzinfo=UTC)
+def _moment(text: str) -> datetime:
+    return datetime.fromisoformat(text + "+00:00")
 
 
 def _row(found: sqlite3.Row | None) -> Row | None:
     if found is None:
         return None
-    row = dict(zip(found.keys(), found, strict=True))
+    row = dict(zip(_NAMES, found, strict=True))
     for column in _TIMES:
-        row[column] = _moment(row[column])
+        if row[column] is not None:
+            row[column] = _moment(row[column])
     return row
 
 
@@ -101,38 +119,20 @@ class SqliteBackend:
         return result
 
     async def create(self, row: Row, event_at: datetime) -> Row:
-        values = {key: _text(v) if isinstance(v, datetime) else v for key, v in row.items()}
-        columns = ", ".join(values)
-        marks = ", ".join("?" for _ in values)
-
-        active = _row(self._db.execute(_SELECT_ACTIVE, (row["run_id"], row["call_id"])).fetchone())
+        key = (row["run_id"], row["call_id"])
+        active = _row(self._db.execute(_SELECT_ACTIVE, key).fetchone())
         if active is not None:
             return active  # a resume: no write transaction needed
+        values = tuple(_text(row[k]) if k == "created_at" else row[k] for k in _NEW)
+        event = (row["approval_id"], "created", _text(event_at), row["requested_by"], None, "{}")
 
         def work(db: sqlite3.Connection) -> Row:
-            inserted = db.execute(
-                f"INSERT INTO approvals ({columns}) VALUES ({marks}) "
-                "ON CONFLICT (run_id, call_id) WHERE finished_at IS NULL DO NOTHING "
-                f"RETURNING {_COLUMNS}",
-                tuple(values.values()),
-            ).fetchone()
+            inserted = _row(db.execute(_INSERT, values).fetchone())
             if inserted is not None:
-                db.execute(
-                    _EVENT,
-                    (
-                        row["approval_id"],
-                        "created",
-                        _text(event_at),
-                        row["requested_by"],
-                        None,
-                        "{}",
-                    ),
-                )
-                return _row(inserted) or {}
+                db.execute(_EVENT, event)
+                return inserted
             # Another process made the active record since the read above.
-            return (
-                _row(db.execute(_SELECT_ACTIVE, (row["run_id"], row["call_id"])).fetchone()) or {}
-            )
+            return _row(db.execute(_SELECT_ACTIVE, key).fetchone()) or {}
 
         return await self._transaction(work, write=True)
 
@@ -183,7 +183,7 @@ class SqliteBackend:
             "decision = ?, status = ?, decided_at = ?",
             "decision IS NULL",
             (decision, status, _text(at)),
-            lambda row: [("decided", actor, channel, canonical_json({"status": status}))],
+            lambda row: [("decided", actor, channel, detail("status", status))],
             lambda row: (actor, channel, DECIDE_REFUSAL),
             at,
         )
@@ -208,7 +208,7 @@ class SqliteBackend:
             "finished_at = ?, outcome = ?",
             "consumed_at IS NOT NULL AND finished_at IS NULL",
             (_text(at), outcome),
-            lambda row: [("finished", None, "executor", canonical_json({"outcome": outcome}))],
+            lambda row: [("finished", None, "executor", detail("outcome", outcome))],
             lambda row: None,
             at,
         )
@@ -253,10 +253,7 @@ class SqliteBackend:
             query += " WHERE approval_id = ?"
             parameters = (approval_id,)
         rows = self._db.execute(query + " ORDER BY seq", parameters).fetchall()
-        return [
-            EventRow(r[0], r[1], r[2], _moment(r[3]) or datetime.now(UTC), r[4], r[5], r[6])
-            for r in rows
-        ]
+        return [EventRow(r[0], r[1], r[2], _moment(r[3]), r[4], r[5], r[6]) for r in rows]
 
     async def close(self) -> None:
         self._db.close()
