@@ -58,6 +58,9 @@ _EVENT = (
     "INSERT INTO events (approval_id, kind, at, actor, channel, detail) VALUES (?, ?, ?, ?, ?, ?)"
 )
 _SELECT_ONE = f"SELECT {_COLUMNS} FROM approvals WHERE approval_id = ?"
+_SELECT_NEWEST = (
+    f"SELECT {_COLUMNS} FROM approvals WHERE run_id = ? AND call_id = ? ORDER BY seq DESC LIMIT 1"
+)
 _SELECT_ACTIVE = (
     f"SELECT {_COLUMNS} FROM approvals WHERE run_id = ? AND call_id = ? AND finished_at IS NULL"
 )
@@ -96,20 +99,26 @@ class SqliteBackend:
         self._busy_timeout = busy_timeout
         self._db = sqlite3.connect(target, uri=uri, isolation_level=None, check_same_thread=False)
         self._db.row_factory = sqlite3.Row
-        self._db.execute("PRAGMA busy_timeout = 0")  # waiting is done in _transaction
+        self._db.execute("PRAGMA busy_timeout = 0")  # waiting is done in _patiently
         self._db.execute("PRAGMA synchronous = NORMAL")
 
-    async def _transaction(self, work: Callable[[sqlite3.Connection], T], *, write: bool) -> T:
+    async def _patiently(self, attempt: Callable[[], T]) -> T:
+        """`attempt()`, retried after short sleeps while another process holds a lock that
+        it needs, until `busy_timeout` runs out. The event loop is never blocked waiting."""
         delay, deadline = 0.0005, time.monotonic() + self._busy_timeout
         while True:
             try:
-                self._db.execute("BEGIN IMMEDIATE" if write else "BEGIN")
-                break
+                return attempt()
             except sqlite3.OperationalError as error:
                 if not _is_busy(error) or time.monotonic() > deadline:
                     raise
             await asyncio.sleep(delay)
             delay = min(delay * 2, 0.05)
+
+    async def _transaction(self, work: Callable[[sqlite3.Connection], T]) -> T:
+        """Run `work` in one write transaction; the write lock is taken first (IMMEDIATE),
+        so `work` never waits for another writer half-way."""
+        await self._patiently(lambda: self._db.execute("BEGIN IMMEDIATE"))
         try:
             result = work(self._db)
         except BaseException:
@@ -118,9 +127,15 @@ class SqliteBackend:
         self._db.execute("COMMIT")
         return result
 
+    async def _fetch_one(self, query: str, parameters: Sequence[Any]) -> Row | None:
+        return _row(await self._patiently(lambda: self._db.execute(query, parameters).fetchone()))
+
+    async def _fetch_all(self, query: str, parameters: Sequence[Any]) -> list[sqlite3.Row]:
+        return await self._patiently(lambda: self._db.execute(query, parameters).fetchall())
+
     async def create(self, row: Row, event_at: datetime) -> Row:
         key = (row["run_id"], row["call_id"])
-        active = _row(self._db.execute(_SELECT_ACTIVE, key).fetchone())
+        active = await self._fetch_one(_SELECT_ACTIVE, key)
         if active is not None:
             return active  # a resume: no write transaction needed
         values = tuple(_text(row[k]) if k == "created_at" else row[k] for k in _NEW)
@@ -134,18 +149,13 @@ class SqliteBackend:
             # Another process made the active record since the read above.
             return _row(db.execute(_SELECT_ACTIVE, key).fetchone()) or {}
 
-        return await self._transaction(work, write=True)
+        return await self._transaction(work)
 
     async def get(self, approval_id: str) -> Row | None:
-        return _row(self._db.execute(_SELECT_ONE, (approval_id,)).fetchone())
+        return await self._fetch_one(_SELECT_ONE, (approval_id,))
 
     async def find(self, run_id: str, call_id: str) -> Row | None:
-        found = self._db.execute(
-            f"SELECT {_COLUMNS} FROM approvals WHERE run_id = ? AND call_id = ? "
-            "ORDER BY seq DESC LIMIT 1",
-            (run_id, call_id),
-        ).fetchone()
-        return _row(found)
+        return await self._fetch_one(_SELECT_NEWEST, (run_id, call_id))
 
     async def list_rows(
         self, run_id: str | None, status: str | None, limit: int | None
@@ -167,7 +177,7 @@ class SqliteBackend:
         query += " ORDER BY seq"
         if limit is not None:
             query += f" LIMIT {int(limit)}"
-        return [_row(found) or {} for found in self._db.execute(query, parameters).fetchall()]
+        return [_row(found) or {} for found in await self._fetch_all(query, parameters)]
 
     async def decide(
         self,
@@ -244,7 +254,7 @@ class SqliteBackend:
                 db.execute(_EVENT, (approval_id, "refused", _text(at), *refused))
             return Change(None, existing)
 
-        return await self._transaction(work, write=True)
+        return await self._transaction(work)
 
     async def event_rows(self, approval_id: str | None) -> list[EventRow]:
         query = "SELECT seq, approval_id, kind, at, actor, channel, detail FROM events"
@@ -252,7 +262,7 @@ class SqliteBackend:
         if approval_id is not None:
             query += " WHERE approval_id = ?"
             parameters = (approval_id,)
-        rows = self._db.execute(query + " ORDER BY seq", parameters).fetchall()
+        rows = await self._fetch_all(query + " ORDER BY seq", parameters)
         return [EventRow(r[0], r[1], r[2], _moment(r[3]), r[4], r[5], r[6]) for r in rows]
 
     async def close(self) -> None:

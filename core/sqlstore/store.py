@@ -33,7 +33,6 @@ from core.errors import (
 )
 from core.sqlstore.backend import Backend, Row
 from core.sqlstore.engine import (
-    SQLITE_BUSY_TIMEOUT_MS,
     normalize_url,
     open_engine,
     redact,
@@ -52,7 +51,10 @@ from core.store import (
 )
 from core.tools import canonical_json
 
-__all__ = ["SqlApprovalStore"]
+__all__ = ["DEFAULT_LOCK_TIMEOUT", "SqlApprovalStore"]
+
+DEFAULT_LOCK_TIMEOUT = 30.0
+"""Seconds a SQLite write waits for another process's write lock before it fails."""
 
 Clock: TypeAlias = Callable[[], datetime]
 _Records: TypeAlias = list[ApprovalRecord]
@@ -65,15 +67,23 @@ class SqlApprovalStore:
     `url` is `sqlite:///path.db` (the embedded default), `postgresql://user:pass@host/db`, or
     a bare file path for SQLite. The schema is created or upgraded on first use; with
     `auto_migrate=False` a store refuses a database that is not up to date and names the
-    command to run. Errors name the URL without its password. One store serves one event
+    command to run. On SQLite, a write waits up to `lock_timeout` seconds for another
+    process's write to finish (without blocking the event loop), then fails with
+    `StoreUnavailableError`. Errors name the URL without its password. One store serves one event
     loop; use one store per process (they may share the database).
     """
 
     def __init__(
-        self, url: str | URL, *, auto_migrate: bool = True, clock: Clock = utc_now
+        self,
+        url: str | URL,
+        *,
+        auto_migrate: bool = True,
+        lock_timeout: float = DEFAULT_LOCK_TIMEOUT,
+        clock: Clock = utc_now,
     ) -> None:
         self.url = normalize_url(url)
         self.auto_migrate = auto_migrate
+        self.lock_timeout = lock_timeout
         self._clock = clock
         self._backend: Backend | None = None
         self._opening = asyncio.Lock()
@@ -228,7 +238,7 @@ class SqlApprovalStore:
         with self._errors():
             if self.url.get_backend_name() == "sqlite":
                 target, uri = _sqlite_target(self.url)
-                return SqliteBackend(target, uri=uri, busy_timeout=SQLITE_BUSY_TIMEOUT_MS / 1000)
+                return SqliteBackend(target, uri=uri, busy_timeout=self.lock_timeout)
             dsn = self.url.set(drivername="postgresql").render_as_string(hide_password=False)
             return await PostgresBackend.connect(dsn)
 

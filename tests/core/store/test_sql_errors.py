@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import socket
 import sqlite3
 from pathlib import Path
@@ -156,3 +157,50 @@ def test_a_bare_path_means_a_sqlite_file(tmp_path: Path) -> None:
 
 def test_head_revision_is_the_newest_migration() -> None:
     assert head_revision() == "0001"
+
+
+def hold_write_lock(path: Path) -> sqlite3.Connection:
+    """Another writer, as another process would be: it holds SQLite's write lock."""
+    other = sqlite3.connect(path, isolation_level=None)
+    other.execute("BEGIN IMMEDIATE")
+    return other
+
+
+async def test_sqlite_writer_waits_for_another_without_blocking_the_loop(tmp_path: Path) -> None:
+    path = tmp_path / "nodbot.db"
+    async with SqlApprovalStore(f"sqlite:///{path}") as store:
+        other = hold_write_lock(path)
+        ticks = 0
+
+        async def tick() -> None:
+            nonlocal ticks
+            while True:
+                ticks += 1
+                await asyncio.sleep(0.005)
+
+        async def release() -> None:
+            await asyncio.sleep(0.2)
+            other.execute("COMMIT")
+
+        ticker = asyncio.create_task(tick())
+        releaser = asyncio.create_task(release())
+        record = await store.create(request())
+        await releaser
+        ticker.cancel()
+        assert record.status == "pending"
+        assert ticks >= 10  # the loop ran other work while the write waited
+        other.close()
+
+
+async def test_sqlite_writer_gives_up_after_the_lock_timeout(tmp_path: Path) -> None:
+    path = tmp_path / "nodbot.db"
+    async with SqlApprovalStore(f"sqlite:///{path}", lock_timeout=0.1) as store:
+        other = hold_write_lock(path)
+        try:
+            with pytest.raises(StoreUnavailableError, match="database is locked") as raised:
+                await store.create(request())
+            assert str(path) in raised.value.url
+        finally:
+            other.execute("ROLLBACK")
+            other.close()
+        assert await store.list() == []
