@@ -1,5 +1,5 @@
-"""Database URLs and engines for the SQL store: SQLite through aiosqlite, PostgreSQL through
-asyncpg, and the translation of driver failures into `StoreError`s that name the URL."""
+"""Database URLs, the SQLAlchemy engines that migrate the schema, and the translation of
+driver failures into `StoreError`s that name the URL (never its password)."""
 
 from __future__ import annotations
 
@@ -18,13 +18,19 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_en
 
 from core.errors import StoreUnavailableError
 
-__all__ = ["connect_error", "normalize_url", "open_engine", "redact", "translate_errors"]
+__all__ = [
+    "connect_error",
+    "normalize_url",
+    "open_engine",
+    "redact",
+    "translate_errors",
+    "write_transaction",
+]
 
 _DRIVERS = {"sqlite": "sqlite+aiosqlite", "postgresql": "postgresql+asyncpg"}
 _SUPPORTED = set(_DRIVERS.values())
 # How long a SQLite writer waits for another process's write lock before giving up.
 SQLITE_BUSY_TIMEOUT_MS = 30_000
-READ_ONLY = {"nodbot_read_only": True}
 
 
 def normalize_url(url: str | URL) -> URL:
@@ -80,8 +86,9 @@ def redact(url: URL) -> str:
 
 
 def open_engine(url: URL) -> AsyncEngine:
-    """An engine for `url`; SQLite files get WAL, a busy timeout and IMMEDIATE write
-    transactions (so two writers queue instead of failing to upgrade a read lock)."""
+    """An engine for `url`, used to migrate the schema. SQLite files get WAL (which persists
+    in the file, for the store's own connection too), a busy timeout and IMMEDIATE
+    transactions, so that processes migrating at once queue instead of failing."""
     if url.get_backend_name() != "sqlite":
         return create_async_engine(url, pool_pre_ping=False)
     engine = create_async_engine(url)
@@ -98,8 +105,7 @@ def open_engine(url: URL) -> AsyncEngine:
 
     @event.listens_for(engine.sync_engine, "begin")
     def _on_begin(connection: Any) -> None:
-        read_only = connection.get_execution_options().get("nodbot_read_only", False)
-        connection.exec_driver_sql("BEGIN" if read_only else "BEGIN IMMEDIATE")
+        connection.exec_driver_sql("BEGIN IMMEDIATE")
 
     return engine
 
@@ -154,12 +160,3 @@ async def write_transaction(engine: AsyncEngine) -> AsyncIterator[AsyncConnectio
     """One read-write transaction (IMMEDIATE on SQLite)."""
     async with engine.begin() as connection:
         yield connection
-
-
-@contextlib.asynccontextmanager
-async def read_transaction(engine: AsyncEngine) -> AsyncIterator[AsyncConnection]:
-    """One read-only transaction (deferred on SQLite, so it never waits for writers)."""
-    async with engine.connect() as connection:
-        connection = await connection.execution_options(**READ_ONLY)
-        async with connection.begin():
-            yield connection
