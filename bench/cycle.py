@@ -15,7 +15,8 @@ script prints cycles/second for each, then the ratios that GOALS.md sets goals f
 4. The peer: LangChain `create_agent` + `HumanInTheLoopMiddleware` + LangGraph `SqliteSaver`
    on a SQLite file, driven by a fake chat model (no network).
 5. The floor: three raw sqlite3 transactions per cycle (WAL, `synchronous=NORMAL`): insert
-   a pending row, mark it decided, mark it consumed.
+   a pending row, mark it decided, mark it consumed. The same three statements through
+   asyncpg give PostgreSQL's floor, which shows what the server's durable commits cost.
 
 Run it with `make bench`, or `.venv/bin/python bench/cycle.py --cycles 500`. It prints
 figures; it is not a test. It reaches only loopback addresses.
@@ -177,6 +178,7 @@ async def nodbot_postgres(server_url: str, cycles: int, warmup: int) -> list[Res
         try:
             url = urlunsplit(("postgresql", parts.netloc, f"/{name}", "", ""))
             return [
+                await postgres_floor(url, cycles, warmup),
                 await nodbot_sql("nodbot postgresql", url, cycles, warmup),
                 await nodbot_sql(
                     f"nodbot postgresql x{POSTGRES_CONCURRENCY}",
@@ -190,6 +192,34 @@ async def nodbot_postgres(server_url: str, cycles: int, warmup: int) -> list[Res
             await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
     finally:
         await admin.close()
+
+
+async def postgres_floor(url: str, cycles: int, warmup: int) -> Result:
+    """The PostgreSQL floor: three single-statement transactions per cycle (insert pending,
+    mark decided, mark consumed), each committed durably as the server is configured."""
+    import asyncpg
+
+    connection = await asyncpg.connect(url)
+    try:
+        await connection.execute(
+            "CREATE TABLE floor (id bigserial PRIMARY KEY, status text, consumed boolean)"
+        )
+
+        async def cycle() -> None:
+            row = await connection.fetchval(
+                "INSERT INTO floor (status, consumed) VALUES ('pending', false) RETURNING id"
+            )
+            await connection.execute("UPDATE floor SET status = 'approved' WHERE id = $1", row)
+            await connection.execute("UPDATE floor SET consumed = true WHERE id = $1", row)
+
+        for _ in range(warmup):
+            await cycle()
+        start = time.perf_counter()
+        for _ in range(cycles):
+            await cycle()
+        return Result("floor postgresql", cycles, time.perf_counter() - start)
+    finally:
+        await connection.close()
 
 
 async def nodbot_all(args: argparse.Namespace, tmp: Path) -> list[Result]:
@@ -366,10 +396,14 @@ def print_goals(results: Sequence[Result]) -> None:
         print(f"nodbot sqlite / peer = {sqlite / peer:.1f}x (goal >= {PEER_GOAL:.0f}x)")
     if sqlite and floor:
         print(f"floor / nodbot sqlite = {floor / sqlite:.1f}x (goal <= {FLOOR_GOAL:.0f}x)")
+    postgres_floor_rate = median_rate(results, "floor postgresql")
     for workload in ("nodbot postgresql", f"nodbot postgresql x{POSTGRES_CONCURRENCY}"):
         rate = median_rate(results, workload)
         if rate:
-            print(f"{workload} = {rate:,.0f} cycles/s (goal >= {POSTGRES_GOAL:,.0f}/s)")
+            against = (
+                f"; floor / it = {postgres_floor_rate / rate:.1f}x" if postgres_floor_rate else ""
+            )
+            print(f"{workload} = {rate:,.0f} cycles/s (goal >= {POSTGRES_GOAL:,.0f}/s){against}")
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
