@@ -103,6 +103,12 @@ WITH existing AS ({_SELECT_ONE}), logged AS (
 SELECT {_COLUMNS} FROM existing"""
 
 
+async def _keep_session(connection: asyncpg.Connection) -> None:
+    """Nothing to reset when a connection goes back to the pool: the store never changes
+    session state (no SET, LISTEN or session locks), and asyncpg's default reset would cost
+    one more round trip per operation."""
+
+
 def _row(record: asyncpg.Record | None) -> Row | None:
     return None if record is None else dict(record)
 
@@ -116,7 +122,7 @@ class PostgresBackend:
     @classmethod
     async def connect(cls, dsn: str) -> PostgresBackend:
         """Open a small pool on `dsn` (a plain `postgresql://` URL)."""
-        return cls(await asyncpg.create_pool(dsn, min_size=1, max_size=10))
+        return cls(await asyncpg.create_pool(dsn, min_size=1, max_size=10, reset=_keep_session))
 
     async def _one(self, query: str, *arguments: Any) -> Row | None:
         return _row(await self._pool.fetchrow(query, *arguments))
