@@ -18,6 +18,8 @@ from core.tools import canonical_json
 
 __all__ = [
     "ALREADY_DECIDED",
+    "COLUMNS",
+    "COLUMN_NAMES",
     "DECIDE_REFUSAL",
     "NOT_DECIDED",
     "Backend",
@@ -29,6 +31,25 @@ __all__ = [
     "consumed_events",
     "detail",
 ]
+
+COLUMN_NAMES = (
+    "approval_id",
+    "run_id",
+    "call_id",
+    "tool",
+    "arguments",
+    "digest",
+    "requested_by",
+    "status",
+    "decision",
+    "created_at",
+    "decided_at",
+    "consumed_at",
+    "finished_at",
+    "outcome",
+)
+"""The columns of `approvals` that make a record (`seq` only orders them)."""
+COLUMNS = ", ".join(COLUMN_NAMES)
 
 Row: TypeAlias = dict[str, Any]
 """One `approvals` row: column name to value, timestamps as aware UTC datetimes."""

@@ -15,6 +15,7 @@ from typing import Any
 import asyncpg
 
 from core.sqlstore.backend import (
+    COLUMNS,
     DECIDE_REFUSAL,
     NOT_DECIDED,
     Change,
@@ -26,10 +27,7 @@ from core.store import CONCURRENT_USE_REASON
 
 __all__ = ["PostgresBackend"]
 
-_COLUMNS = (
-    "approval_id, run_id, call_id, tool, arguments, digest, requested_by, status, decision, "
-    "created_at, decided_at, consumed_at, finished_at, outcome"
-)
+_COLUMNS = COLUMNS
 _EVENTS = "INSERT INTO events (approval_id, kind, at, actor, channel, detail)"
 _SELECT_ONE = f"SELECT {_COLUMNS} FROM approvals WHERE approval_id = $1"
 

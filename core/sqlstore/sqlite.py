@@ -6,7 +6,7 @@ per query (measured: about 9 per read, 2-4 ms per store operation, against 0.05 
 Each operation runs start to finish without yielding, so operations of one process never
 interleave. Writers of other processes are waited for without blocking the loop: the write
 lock is taken with `BEGIN IMMEDIATE` and, while another process holds it, retried after
-short sleeps until `busy_timeout` runs out.
+short sleeps until the store's `lock_timeout` runs out.
 """
 
 from __future__ import annotations
@@ -19,6 +19,8 @@ from datetime import UTC, datetime
 from typing import Any, TypeVar
 
 from core.sqlstore.backend import (
+    COLUMN_NAMES,
+    COLUMNS,
     DECIDE_REFUSAL,
     Change,
     EventRow,
@@ -33,11 +35,7 @@ __all__ = ["SqliteBackend"]
 
 T = TypeVar("T")
 
-_COLUMNS = (
-    "approval_id, run_id, call_id, tool, arguments, digest, requested_by, status, decision, "
-    "created_at, decided_at, consumed_at, finished_at, outcome"
-)
-_NAMES = tuple(name.strip() for name in _COLUMNS.split(","))
+_COLUMNS = COLUMNS
 _TIMES = ("created_at", "decided_at", "consumed_at", "finished_at")
 _NEW = (
     "approval_id",
@@ -81,7 +79,7 @@ def _moment(text: str) -> datetime:
 def _row(found: sqlite3.Row | None) -> Row | None:
     if found is None:
         return None
-    row = dict(zip(_NAMES, found, strict=True))
+    row = dict(zip(COLUMN_NAMES, found, strict=True))
     for column in _TIMES:
         if row[column] is not None:
             row[column] = _moment(row[column])
