@@ -27,9 +27,8 @@ from core.store import CONCURRENT_USE_REASON
 
 __all__ = ["PostgresBackend"]
 
-_COLUMNS = COLUMNS
 _EVENTS = "INSERT INTO events (approval_id, kind, at, actor, channel, detail)"
-_SELECT_ONE = f"SELECT {_COLUMNS} FROM approvals WHERE approval_id = $1"
+_SELECT_ONE = f"SELECT {COLUMNS} FROM approvals WHERE approval_id = $1"
 
 _CREATE = f"""
 WITH inserted AS (
@@ -37,30 +36,30 @@ WITH inserted AS (
                            requested_by, status, created_at)
     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
     ON CONFLICT (run_id, call_id) WHERE finished_at IS NULL DO NOTHING
-    RETURNING {_COLUMNS}
+    RETURNING {COLUMNS}
 ), logged AS (
     {_EVENTS}
     SELECT approval_id, 'created', $10::timestamptz, requested_by, NULL, '{{}}' FROM inserted
 )
-SELECT {_COLUMNS} FROM inserted
+SELECT {COLUMNS} FROM inserted
 UNION ALL
-SELECT {_COLUMNS} FROM approvals
+SELECT {COLUMNS} FROM approvals
 WHERE run_id = $2 AND call_id = $3 AND finished_at IS NULL
   AND NOT EXISTS (SELECT 1 FROM inserted)"""
 
 _ACTIVE = f"""
-SELECT {_COLUMNS} FROM approvals WHERE run_id = $1 AND call_id = $2 AND finished_at IS NULL"""
+SELECT {COLUMNS} FROM approvals WHERE run_id = $1 AND call_id = $2 AND finished_at IS NULL"""
 
 _DECIDE = f"""
 WITH changed AS (
     UPDATE approvals SET decision = $2, status = $3, decided_at = $4
     WHERE approval_id = $1 AND decision IS NULL
-    RETURNING {_COLUMNS}
+    RETURNING {COLUMNS}
 ), logged AS (
     {_EVENTS}
     SELECT approval_id, 'decided', $4::timestamptz, $5::text, $6::text, $7::text FROM changed
 )
-SELECT {_COLUMNS} FROM changed"""
+SELECT {COLUMNS} FROM changed"""
 
 _CONSUME = f"""
 WITH changed AS (
@@ -69,7 +68,7 @@ WITH changed AS (
         finished_at = CASE WHEN status = 'denied' THEN $2::timestamptz END,
         outcome = CASE WHEN status = 'denied' THEN 'denied' END
     WHERE approval_id = $1 AND decided_at IS NOT NULL AND consumed_at IS NULL
-    RETURNING {_COLUMNS}
+    RETURNING {COLUMNS}
 ), logged AS (
     {_EVENTS}
     SELECT approval_id, 'consumed', $2::timestamptz, $3::text, 'executor', '{{}}' FROM changed
@@ -77,18 +76,18 @@ WITH changed AS (
     SELECT approval_id, 'finished', $2::timestamptz, NULL, 'executor', $4::text FROM changed
     WHERE status = 'denied'
 )
-SELECT {_COLUMNS} FROM changed"""
+SELECT {COLUMNS} FROM changed"""
 
 _FINISH = f"""
 WITH changed AS (
     UPDATE approvals SET finished_at = $2, outcome = $3
     WHERE approval_id = $1 AND consumed_at IS NOT NULL AND finished_at IS NULL
-    RETURNING {_COLUMNS}
+    RETURNING {COLUMNS}
 ), logged AS (
     {_EVENTS}
     SELECT approval_id, 'finished', $2::timestamptz, NULL, 'executor', $4::text FROM changed
 )
-SELECT {_COLUMNS} FROM changed"""
+SELECT {COLUMNS} FROM changed"""
 
 # A refusal: the record as it is, and a `refused` event whose detail depends on its state.
 _REFUSE = f"""
@@ -98,7 +97,7 @@ WITH existing AS ({_SELECT_ONE}), logged AS (
            CASE WHEN decided_at IS NULL THEN $5::text ELSE $6::text END
     FROM existing
 )
-SELECT {_COLUMNS} FROM existing"""
+SELECT {COLUMNS} FROM existing"""
 
 
 async def _keep_session(connection: asyncpg.Connection) -> None:
@@ -145,7 +144,7 @@ class PostgresBackend:
 
     async def find(self, run_id: str, call_id: str) -> Row | None:
         return await self._one(
-            f"SELECT {_COLUMNS} FROM approvals WHERE run_id = $1 AND call_id = $2 "
+            f"SELECT {COLUMNS} FROM approvals WHERE run_id = $1 AND call_id = $2 "
             "ORDER BY seq DESC LIMIT 1",
             run_id,
             call_id,
@@ -159,7 +158,7 @@ class PostgresBackend:
             if value is not None:
                 arguments.append(value)
                 where.append(f"{column} = ${len(arguments)}")
-        query = f"SELECT {_COLUMNS} FROM approvals"
+        query = f"SELECT {COLUMNS} FROM approvals"
         if where:
             query += " WHERE " + " AND ".join(where)
         query += " ORDER BY seq"

@@ -35,7 +35,6 @@ __all__ = ["SqliteBackend"]
 
 T = TypeVar("T")
 
-_COLUMNS = COLUMNS
 _TIMES = ("created_at", "decided_at", "consumed_at", "finished_at")
 _NEW = (
     "approval_id",
@@ -50,17 +49,17 @@ _NEW = (
 )
 _INSERT = (
     f"INSERT INTO approvals ({', '.join(_NEW)}) VALUES ({', '.join('?' for _ in _NEW)}) "
-    f"ON CONFLICT (run_id, call_id) WHERE finished_at IS NULL DO NOTHING RETURNING {_COLUMNS}"
+    f"ON CONFLICT (run_id, call_id) WHERE finished_at IS NULL DO NOTHING RETURNING {COLUMNS}"
 )
 _EVENT = (
     "INSERT INTO events (approval_id, kind, at, actor, channel, detail) VALUES (?, ?, ?, ?, ?, ?)"
 )
-_SELECT_ONE = f"SELECT {_COLUMNS} FROM approvals WHERE approval_id = ?"
+_SELECT_ONE = f"SELECT {COLUMNS} FROM approvals WHERE approval_id = ?"
 _SELECT_NEWEST = (
-    f"SELECT {_COLUMNS} FROM approvals WHERE run_id = ? AND call_id = ? ORDER BY seq DESC LIMIT 1"
+    f"SELECT {COLUMNS} FROM approvals WHERE run_id = ? AND call_id = ? ORDER BY seq DESC LIMIT 1"
 )
 _SELECT_ACTIVE = (
-    f"SELECT {_COLUMNS} FROM approvals WHERE run_id = ? AND call_id = ? AND finished_at IS NULL"
+    f"SELECT {COLUMNS} FROM approvals WHERE run_id = ? AND call_id = ? AND finished_at IS NULL"
 )
 
 
@@ -165,7 +164,7 @@ class SqliteBackend:
         if status is not None:
             where.append("status = ?")
             parameters.append(status)
-        query = f"SELECT {_COLUMNS} FROM approvals"
+        query = f"SELECT {COLUMNS} FROM approvals"
         if run_id is not None:
             # A run has few records: without statistics the planner may prefer the status
             # index, which for "pending" can mean scanning every pending record of every run.
@@ -238,7 +237,7 @@ class SqliteBackend:
             changed = _row(
                 db.execute(
                     f"UPDATE approvals SET {assignments} WHERE approval_id = ? AND {condition} "
-                    f"RETURNING {_COLUMNS}",
+                    f"RETURNING {COLUMNS}",
                     (*parameters, approval_id),
                 ).fetchone()
             )
