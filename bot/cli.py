@@ -7,6 +7,7 @@ import asyncio
 import sys
 from collections.abc import Sequence
 
+from bot.config import ConfigError, check_agents, load_config
 from core import NodbotError, SqlApprovalStore, __version__
 from core.sqlstore import head_revision
 
@@ -32,6 +33,13 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="URL",
         help=f"sqlite:///path.db or postgresql://user@host/db (default: {DEFAULT_STORE})",
     )
+    check = commands.add_parser(
+        "check-config",
+        help="validate a configuration file and import its agents",
+        description="Validate a configuration file (nodbot.yml) and import its agents; "
+        "every problem is printed with its file, line and key.",
+    )
+    check.add_argument("file", metavar="FILE", help="the YAML file, e.g. nodbot.yml")
     return parser
 
 
@@ -44,6 +52,28 @@ async def _migrate(url: str) -> str:
     return f"the database {store.display_url} is at schema revision {head_revision()}"
 
 
+def _plural(count: int, noun: str) -> str:
+    return f"{count} {noun}" if count == 1 else f"{count} {noun}s"
+
+
+def _check_config(file: str) -> int:
+    """Validate `file` and import its agents: prints `FILE: ok (...)` and returns 0, or
+    prints every problem to stderr and returns 1."""
+    try:
+        config = load_config(file)
+    except ConfigError as error:
+        problems = error.problems
+    else:
+        problems = check_agents(config)
+    if problems:
+        for problem in problems:
+            print(problem, file=sys.stderr)
+        return 1
+    counts = f"{_plural(len(config.rules), 'rule')}, {_plural(len(config.agents), 'agent')}"
+    print(f"{file}: ok ({counts})")
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command; returns the exit status."""
     parser = build_parser()
@@ -51,6 +81,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if arguments.command is None:
         parser.print_help(sys.stdout)
         return 0
+    if arguments.command == "check-config":
+        return _check_config(arguments.file)
     try:
         print(asyncio.run(_migrate(arguments.store)))
     except NodbotError as error:
