@@ -1,0 +1,315 @@
+"""The file's sections as pydantic models: `StoreConfig`, `ServerConfig`, `Rule` and the
+whole file, `Config`, with the checks that span several keys (a rule's decision against
+its reviewers, reviewer groups, rules that can never match)."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator, Mapping, Sequence
+from functools import cached_property
+from typing import Annotated, Any, Literal, TypeAlias
+
+from pydantic import Field, PrivateAttr, field_validator, model_validator
+
+from bot.config.errors import KeyPath, Source, dotted, problem, problems
+from bot.config.predicates import PredicateSpec
+from bot.config.values import (
+    ConfigModel,
+    Count,
+    Duration,
+    ImportPath,
+    Name,
+    PostTarget,
+    Reviewer,
+    ReviewerEntry,
+)
+from core import InterruptRule
+
+_STORE_SCHEMES = ("sqlite", "sqlite+aiosqlite", "postgresql", "postgresql+asyncpg")
+
+
+class StoreConfig(ConfigModel):
+    """Where approvals are kept."""
+
+    url: str = "sqlite:///nodbot.db"
+    """`sqlite:///path.db` (relative to the working directory), a bare file path, or
+    `postgresql://user:${DB_PASSWORD}@host:5432/db`."""
+    auto_migrate: bool = True
+    """Create or upgrade the database schema on first use; when false, a database that is
+    not up to date is refused with the command to run (`nodbot migrate`)."""
+
+    @field_validator("url")
+    @classmethod
+    def _scheme(cls, value: str) -> str:
+        if not value.strip():
+            raise problem("expected a database URL or a file path, not an empty string")
+        if "://" in value and value.split("://", 1)[0] not in _STORE_SCHEMES:
+            # The URL itself is not shown: it may hold a password.
+            raise problem(
+                "expected sqlite:///path.db, postgresql://user@host/db or a file path; "
+                f"the scheme {value.split('://', 1)[0]!r} is not supported"
+            )
+        return value
+
+
+class ServerConfig(ConfigModel):
+    """Where the bot's HTTP API and web inbox listen."""
+
+    host: str = "127.0.0.1"
+    """The address to listen on; 0.0.0.0 for every interface."""
+    port: Annotated[Count, Field(ge=1, le=65535)] = 8080
+    """The TCP port, 1 to 65535."""
+
+
+ReviewDecision: TypeAlias = Literal["approve", "edit", "deny"]
+"""What a reviewer may answer."""
+
+
+def _all_decisions() -> list[ReviewDecision]:
+    return ["approve", "edit", "deny"]
+
+
+_REVIEW_KEYS = (
+    "reviewers",
+    "post_to",
+    "allowed_decisions",
+    "editable",
+    "approvals_required",
+    "allow_self_approval",
+    "timeout",
+    "timeout_decision",
+    "escalate_after",
+    "escalate_to",
+)
+_TOOL_NAME = re.compile(r"[A-Za-z_]\w*")
+
+
+class Rule(ConfigModel):
+    """Which calls it covers (`tool`, `when`) and what happens to them: an automatic
+    `decision`, or a review by `reviewers`. Rules are tried in order; the first match wins."""
+
+    tool: str
+    """The tool's name, or `*` for every tool."""
+    when: PredicateSpec | None = None
+    """A predicate on the call's arguments; without it every call of the tool matches. A
+    predicate that cannot decide (a missing argument, a wrong type) counts as a match."""
+    description: str | None = None
+    """Why the rule exists, shown to reviewers."""
+    decision: Literal["approve", "deny"] | None = None
+    """Decide without a person. A rule has either `decision` or `reviewers`."""
+    reviewers: list[ReviewerEntry] | None = None
+    """Who may decide: Slack users (U..., W...), user groups (S...), channels (#name, C...),
+    email addresses, or group:<name> for a reviewer group of this file."""
+    post_to: list[PostTarget] | None = None
+    """Where the review request is posted: Slack channels (#name, C...) and/or dm. Read by
+    the Slack channel, in a later version."""
+    allowed_decisions: list[ReviewDecision] = Field(default_factory=_all_decisions)
+    """What reviewers may answer: a non-empty subset of approve, edit, deny."""
+    editable: list[str] | None = None
+    """The arguments a reviewer may edit; absent means all of them."""
+    approvals_required: Annotated[Count, Field(ge=1)] = 1
+    """How many distinct reviewers must approve (N of M); any deny denies."""
+    allow_self_approval: bool = False
+    """Whether the person who started the run may approve its calls."""
+    timeout: Duration | None = None
+    """How long a review may stay open (30s, 15m, 2h, 1d); absent means no limit."""
+    timeout_decision: Literal["deny", "approve"] = "deny"
+    """What a review that timed out becomes, recorded as a timeout with decided_by
+    `nodbot:timeout`."""
+    escalate_after: Duration | None = None
+    """How long before `escalate_to` is asked too; shorter than `timeout`."""
+    escalate_to: list[ReviewerEntry] | None = None
+    """Who is asked after `escalate_after`; written like `reviewers`."""
+
+    @field_validator("tool")
+    @classmethod
+    def _tool(cls, value: str) -> str:
+        if value != "*" and not _TOOL_NAME.fullmatch(value):
+            raise problem(f"expected a tool name (a Python identifier) or '*', not {value!r}")
+        return value
+
+    @field_validator("allowed_decisions")
+    @classmethod
+    def _decisions(cls, value: list[ReviewDecision]) -> list[ReviewDecision]:
+        if not value:
+            raise problem("expected at least one of approve, edit, deny")
+        if len(set(value)) != len(value):
+            raise problem(f"each decision may be listed once, not {value}")
+        return value
+
+    @field_validator("reviewers", "escalate_to")
+    @classmethod
+    def _some_reviewers(cls, value: list[Reviewer] | None) -> list[Reviewer] | None:
+        if value is not None and not value:
+            raise problem("expected at least one reviewer")
+        return value
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Rule:
+        found = list(self._decision_problems())
+        if self.decision is None:
+            found.extend(self._review_problems())
+        if found:
+            raise problems(*found)
+        return self
+
+    def _decision_problems(self) -> Iterator[tuple[KeyPath, str]]:
+        if self.decision is None:
+            if self.reviewers is None:
+                needed = "reviewers (who decides) or decision: approve | deny"
+                yield (), f"a rule needs {needed} (decided without a person)"
+            return
+        refused = f"not allowed with decision: {self.decision}"
+        for key in _REVIEW_KEYS:
+            if key in self.model_fields_set:
+                yield (key,), f"{refused} (a rule either decides by itself or names reviewers)"
+
+    def _review_problems(self) -> Iterator[tuple[KeyPath, str]]:
+        if (self.escalate_after is None) != (self.escalate_to is None):
+            given, missing = (
+                ("escalate_after", "escalate_to")
+                if self.escalate_after is not None
+                else ("escalate_to", "escalate_after")
+            )
+            yield (given,), f"needs {missing} too (give both or neither)"
+        after, timeout = self.escalate_after, self.timeout
+        if after is not None and timeout is not None and after >= timeout:
+            yield ("escalate_after",), "must be shorter than timeout"
+        if "timeout_decision" in self.model_fields_set and self.timeout is None:
+            yield ("timeout_decision",), "has no effect without timeout"
+        if self.editable is not None and "edit" not in self.allowed_decisions:
+            yield ("editable",), "has no effect unless allowed_decisions includes edit"
+        if self.editable == [] and "edit" in self.allowed_decisions:
+            instead = "remove edit from allowed_decisions instead"
+            yield ("editable",), f"an empty list allows no edit: {instead}"
+        reviewers = self.reviewers or []
+        if reviewers and all(reviewer.is_individual for reviewer in reviewers):
+            people = len({reviewer.value for reviewer in reviewers})
+            if self.approvals_required > people:
+                message = f"cannot come from {people} listed reviewer(s)"
+                yield ("approvals_required",), f"{self.approvals_required} approvals {message}"
+
+    @cached_property
+    def interrupt_rule(self) -> InterruptRule:
+        """The core rule that matches the same calls (built once)."""
+        match = self.when.to_predicate() if self.when is not None else None
+        return InterruptRule(tool=self.tool, match=match, description=self.description)
+
+    def to_interrupt_rule(self) -> InterruptRule:
+        """The core `InterruptRule` matching the calls this rule covers.
+
+        It says only which calls match: whether a match means a review (`reviewers`) or an
+        automatic decision (`decision`) is this rule's to say.
+        """
+        return self.interrupt_rule
+
+    def covers(self, tool: str, arguments: Mapping[str, Any]) -> bool:
+        """Whether this rule matches the call; a predicate that raises counts as a match."""
+        rule = self.interrupt_rule
+        return rule.applies_to(tool) and rule.matches(arguments)
+
+
+class Config(ConfigModel):
+    """The whole `nodbot.yml`."""
+
+    store: StoreConfig = Field(default_factory=StoreConfig)
+    """Where approvals are kept."""
+    server: ServerConfig = Field(default_factory=ServerConfig)
+    """Where the HTTP API and web inbox listen."""
+    agents: dict[Name, ImportPath] = Field(default_factory=dict)
+    """Agent name -> `package.module:attribute` of a `core.Agent` or of a zero-argument
+    callable returning one."""
+    reviewer_groups: dict[Name, list[ReviewerEntry]] = Field(default_factory=dict)
+    """Group name -> reviewers (not other groups); rules name a group as group:<name>."""
+    rules: list[Rule] = Field(default_factory=list)
+    """Tried in order for each call; the first that matches decides what happens."""
+    slack: dict[str, Any] | None = None
+    """Read by the Slack channel, in a later version."""
+    email: dict[str, Any] | None = None
+    """Read by the email channel, in a later version."""
+
+    _source: Source | None = PrivateAttr(default=None)
+
+    @field_validator("reviewer_groups")
+    @classmethod
+    def _groups(cls, value: dict[str, list[Reviewer]]) -> dict[str, list[Reviewer]]:
+        found: list[tuple[KeyPath, str]] = []
+        for name, members in value.items():
+            if not members:
+                found.append(((name,), "expected at least one reviewer"))
+            for index, member in enumerate(members):
+                if member.kind == "group":
+                    found.append(((name, index), "a reviewer group cannot name another group"))
+        if found:
+            raise problems(*found)
+        return value
+
+    @model_validator(mode="after")
+    def _references(self) -> Config:
+        found = [*self._group_problems(), *self._shadowed_rules()]
+        if found:
+            raise problems(*found)
+        return self
+
+    def _group_problems(self) -> Iterator[tuple[KeyPath, str]]:
+        defined = ", ".join(self.reviewer_groups) or "none"
+        for number, rule in enumerate(self.rules):
+            for key in ("reviewers", "escalate_to"):
+                entries: list[Reviewer] = getattr(rule, key) or []
+                for index, entry in enumerate(entries):
+                    if entry.kind == "group" and entry.value not in self.reviewer_groups:
+                        unknown = f"no reviewer group named {entry.value!r}"
+                        yield ("rules", number, key, index), f"{unknown}; defined: {defined}"
+            expanded = self.expand(rule.reviewers or [])
+            groups = any(entry.kind == "group" for entry in rule.reviewers or [])
+            if groups and expanded and all(entry.is_individual for entry in expanded):
+                people = len({entry.value for entry in expanded})
+                if rule.approvals_required > people:
+                    required = f"{rule.approvals_required} approvals"
+                    yield (
+                        ("rules", number, "approvals_required"),
+                        (f"{required} cannot come from {people} reviewer(s), groups expanded"),
+                    )
+
+    def _shadowed_rules(self) -> Iterator[tuple[KeyPath, str]]:
+        catch_all: dict[str, int] = {}  # tool (or "*") -> the first rule without `when`
+        for number, rule in enumerate(self.rules):
+            earlier = catch_all.get("*", catch_all.get(rule.tool))
+            if earlier is not None:
+                first = self.rules[earlier]
+                what = "every call" if first.tool == "*" else f"every call of {rule.tool!r}"
+                hidden = f"rules.{earlier} (without when) matches {what} first"
+                yield ("rules", number), f"this rule is never used: {hidden}"
+            elif rule.when is None:
+                catch_all.setdefault(rule.tool, number)
+
+    def expand(self, reviewers: Sequence[Reviewer]) -> list[Reviewer]:
+        """The reviewers with each `group:<name>` replaced by the group's members (an
+        unknown group expands to nothing)."""
+        expanded: list[Reviewer] = []
+        for reviewer in reviewers:
+            if reviewer.kind == "group":
+                expanded.extend(self.reviewer_groups.get(reviewer.value, []))
+            else:
+                expanded.append(reviewer)
+        return expanded
+
+    def first_matching_rule(self, tool: str, arguments: Mapping[str, Any]) -> Rule | None:
+        """The first rule that covers this call, or None when no rule does. A predicate
+        that raises counts as a match, as in core."""
+        for rule in self.rules:
+            if rule.covers(tool, arguments):
+                return rule
+        return None
+
+    @property
+    def source_file(self) -> str | None:
+        """The file the configuration was read from, if any."""
+        return self._source.file if self._source is not None else None
+
+    def location(self, path: KeyPath) -> str:
+        """`<file>:<line>: <dotted.path>` for a key of the file (`<config>` when the
+        configuration was not read from a file)."""
+        if self._source is None:
+            return f"<config>: {dotted(path)}"
+        return self._source.locate(path)

@@ -1,0 +1,178 @@
+"""The value types the file is written in: durations, counts, reviewers, Slack post
+targets, names and import paths, each validated into a problem at its key; and `ConfigModel`,
+the settings every configuration model shares."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Annotated, ClassVar, Literal, TypeAlias
+
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, PlainValidator
+
+from bot.config.errors import problem, shown
+
+# --- durations ------------------------------------------------------------------------------
+
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+_DURATION = re.compile(r"(?:\d+[smhd])+")
+_DURATION_PART = re.compile(r"(\d+)([smhd])")
+
+
+def parse_duration(value: object) -> int:
+    """Seconds in a duration such as `30s`, `15m`, `2h`, `1d` or `1h30m`.
+
+    Raises `ValueError` (with what was expected) for anything else, or for zero.
+    """
+    expected = "expected a duration such as 30s, 15m, 2h or 1d"
+    if not isinstance(value, str):
+        raise ValueError(f"{expected}, not {shown(value)}")
+    text = value.strip()
+    if not _DURATION.fullmatch(text):
+        raise ValueError(f"{expected}, not {value!r}")
+    seconds = sum(int(number) * _UNITS[unit] for number, unit in _DURATION_PART.findall(text))
+    if seconds <= 0:
+        raise ValueError(f"{expected}, longer than zero, not {value!r}")
+    return seconds
+
+
+def _duration(value: object) -> int:
+    try:
+        return parse_duration(value)
+    except ValueError as exc:
+        raise problem(str(exc)) from None
+
+
+Duration: TypeAlias = Annotated[int, PlainValidator(_duration)]
+"""Seconds, written in the file as `30s`, `15m`, `2h`, `1d` (or `1h30m`)."""
+
+
+def _no_bool(value: object) -> object:
+    if isinstance(value, bool):
+        raise problem(f"expected a whole number, not {value!r}")
+    return value
+
+
+Count: TypeAlias = Annotated[int, BeforeValidator(_no_bool)]
+"""A whole number; `true` and `false` are refused rather than read as 1 and 0."""
+
+
+# --- reviewers ------------------------------------------------------------------------------
+
+ReviewerKind: TypeAlias = Literal[
+    "slack_user", "slack_user_group", "slack_channel", "email", "group"
+]
+
+_SLACK_ID = r"[A-Z0-9]{8,}"
+_REVIEWER_FORMS: tuple[tuple[ReviewerKind, re.Pattern[str]], ...] = (
+    ("slack_user", re.compile(rf"[UW]{_SLACK_ID}")),
+    ("slack_user_group", re.compile(rf"S{_SLACK_ID}")),
+    ("slack_channel", re.compile(rf"[CG]{_SLACK_ID}")),
+    ("slack_channel", re.compile(r"#[a-z0-9_\-]{1,80}")),
+    ("email", re.compile(r"[^@\s<>,;:\"]+@[^@\s<>,;:\"]+")),
+    ("group", re.compile(r"group:[A-Za-z0-9_\-]+")),
+)
+_REVIEWER_EXPECTED = (
+    "expected a Slack user id (U... or W...), a user group id (S...), a channel (#name or "
+    "C...), an email address (name@example.com) or group:<name> naming a reviewer group"
+)
+
+
+@dataclass(frozen=True)
+class Reviewer:
+    """One entry of `reviewers` or `escalate_to`, classified."""
+
+    kind: ReviewerKind
+    """What the entry names: a Slack user, user group or channel, an email address, or a
+    reviewer group of the file."""
+    value: str
+    """The id, channel, address or group name, without its `group:` prefix."""
+    text: str
+    """The entry as written."""
+
+    @property
+    def is_individual(self) -> bool:
+        """Whether the entry is one person (a Slack user or an email address)."""
+        return self.kind in ("slack_user", "email")
+
+
+def parse_reviewer(text: object) -> Reviewer:
+    """Classify a reviewer entry. Raises `ValueError` saying what is accepted."""
+    if not isinstance(text, str):
+        raise ValueError(f"{_REVIEWER_EXPECTED}, not {shown(text)}")
+    for kind, pattern in _REVIEWER_FORMS:
+        if pattern.fullmatch(text):
+            value = text.removeprefix("group:") if kind == "group" else text
+            if kind == "email":
+                value = value.lower()
+            return Reviewer(kind=kind, value=value, text=text)
+    raise ValueError(f"{_REVIEWER_EXPECTED}, not {text!r}")
+
+
+def _reviewer(value: object) -> Reviewer:
+    try:
+        return parse_reviewer(value)
+    except ValueError as exc:
+        raise problem(str(exc)) from None
+
+
+ReviewerEntry: TypeAlias = Annotated[Reviewer, PlainValidator(_reviewer)]
+"""A reviewer, written as a string in the file."""
+
+
+def _post_target(value: object) -> str:
+    if value == "dm":
+        return "dm"
+    try:
+        reviewer = parse_reviewer(value)
+    except ValueError:
+        reviewer = None
+    if reviewer is None or reviewer.kind != "slack_channel":
+        raise problem(
+            f"expected a Slack channel (#name or C...) or dm, not {shown(value)}"
+        ) from None
+    return reviewer.text
+
+
+PostTarget: TypeAlias = Annotated[str, PlainValidator(_post_target)]
+"""A Slack channel (`#name` or `C...`) or `dm`."""
+
+
+# --- names and import paths -----------------------------------------------------------------
+
+_NAME = re.compile(r"[A-Za-z0-9_\-]+")
+_IMPORT_PATH = re.compile(r"[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*")
+
+
+def _name(value: str) -> str:
+    if not _NAME.fullmatch(value):
+        raise problem(f"expected a name of letters, digits, - and _, not {value!r}")
+    return value
+
+
+Name: TypeAlias = Annotated[str, AfterValidator(_name)]
+"""An agent or reviewer group name: letters, digits, `-` and `_`."""
+
+
+def _import_path(value: str) -> str:
+    if not _IMPORT_PATH.fullmatch(value):
+        raise problem(f"expected an import path such as package.module:attribute, not {value!r}")
+    return value
+
+
+ImportPath: TypeAlias = Annotated[str, AfterValidator(_import_path)]
+"""`package.module:attribute`, naming a `core.Agent` or a zero-argument callable returning
+one."""
+
+
+# --- the models' shared settings ------------------------------------------------------------
+
+
+class ConfigModel(BaseModel):
+    """The settings every configuration model shares: unknown keys are errors, the models
+    cannot be changed once read, and each field's docstring is its description."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
+
+    key_noun: ClassVar[str] = "key"
+    """What an unknown key of this model is called in an error ("key", "predicate")."""
