@@ -133,14 +133,21 @@ class Executor:
             log.exception("confirm rule of %s raised; the call is reviewed", tool.name)
             return True
 
-    async def _execute(self, call: ToolCall, ctx: ToolContext) -> tuple[Any, dict[str, Any]]:
-        tool = self.registry.get(call.name)
-        validated = tool.validate(call.arguments)
+    async def _needs_review(
+        self, tool: Tool, call: ToolCall, validated: ValidatedArguments, ctx: ToolContext
+    ) -> bool:
+        if isinstance(tool.confirm, bool) and not self.rules:
+            return tool.confirm  # the common case, without building the checked call
         # Rules see the validated arguments; the copy skips validation (they just passed it).
         checked = ToolCall.model_construct(
             name=call.name, arguments=validated.canonical, id=call.id
         )
-        if not await self.needs_review(tool, checked, ctx):
+        return await self.needs_review(tool, checked, ctx)
+
+    async def _execute(self, call: ToolCall, ctx: ToolContext) -> tuple[Any, dict[str, Any]]:
+        tool = self.registry.get(call.name)
+        validated = tool.validate(call.arguments)
+        if not await self._needs_review(tool, call, validated, ctx):
             return await self._invoke(tool, validated, ctx), validated.canonical
         if self.approval is None:
             raise ApprovalDenied(tool=tool.name, reason=NO_PORT_REASON, decided_by="nodbot")
