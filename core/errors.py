@@ -14,6 +14,9 @@ NodbotError
 │   ├── ApprovalAlreadyDecided     the first decision wins; this one came second
 │   ├── ApprovalNotDecided         consume() on an approval nobody has decided yet
 │   └── ApprovalAlreadyConsumed    the decision was spent by another call
+├── RunError                       a durable run cannot be found or saved
+│   ├── RunNotFound                no run has that id
+│   └── RunConflict                the run was saved by someone else since it was read
 ├── InvalidDecisionError           an answer that claims to be a decision but is malformed
 ├── StoreError                     the approval store's database cannot be used
 │   ├── StoreUnavailableError      it cannot be reached, opened or written
@@ -43,6 +46,9 @@ __all__ = [
     "InvalidArgumentsError",
     "InvalidDecisionError",
     "NodbotError",
+    "RunConflict",
+    "RunError",
+    "RunNotFound",
     "StoreError",
     "StoreSchemaError",
     "StoreUnavailableError",
@@ -241,6 +247,47 @@ class ApprovalAlreadyConsumed(ApprovalError):
 
     def __init__(self, *, approval_id: str) -> None:
         super().__init__(f"approval {approval_id} was already used", approval_id=approval_id)
+
+
+class RunError(NodbotError):
+    """A durable run cannot be found or saved."""
+
+    kind = "run-error"
+
+    def __init__(self, message: str, *, run_id: str) -> None:
+        super().__init__(message)
+        self.run_id = run_id
+
+    def details(self) -> dict[str, Any]:
+        return {"run_id": self.run_id}
+
+
+class RunNotFound(RunError):
+    """No run has that id."""
+
+    kind = "run-not-found"
+
+    def __init__(self, *, run_id: str) -> None:
+        super().__init__(f"no run with id {run_id!r}", run_id=run_id)
+
+
+class RunConflict(RunError):
+    """The run changed since it was read (another worker saved it): this save is refused."""
+
+    kind = "run-conflict"
+
+    def __init__(self, *, run_id: str, expected: int, found: int, reason: str | None = None):
+        super().__init__(
+            f"run {run_id}: {reason}"
+            if reason
+            else f"run {run_id} was saved by someone else (version {found}, expected {expected})",
+            run_id=run_id,
+        )
+        self.expected = expected
+        self.found = found
+
+    def details(self) -> dict[str, Any]:
+        return {"run_id": self.run_id, "expected": self.expected, "found": self.found}
 
 
 class InvalidDecisionError(NodbotError):

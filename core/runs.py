@@ -1,0 +1,287 @@
+"""Durable runs: an agent's conversation kept in a store, so that a run paused for review is
+continued by whichever process claims it next, with the same run id and call ids.
+
+```
+create_run ─► running ──(calls wait for review)──► waiting
+                 ▲                                    │ every approval of the run decided
+                 └───────────── claim_ready ◄─────────┘
+running ──(the model answers)──► finished        running ──(an error)──► failed
+```
+
+A worker calls `claim_ready`, then `advance_run` on each run it got. A claim is a lease: a
+run whose worker died is claimed again once the lease has run out. Saves are
+compare-and-set on the run's version, so a worker whose lease ran out cannot overwrite the
+work of the one that took over (`RunConflict`).
+
+Calls that need review run at most once whatever happens (their decision is spent once).
+Calls that need none are repeated if a worker dies after running them and before saving:
+keep leases longer than a run's longest step.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from datetime import datetime, timedelta
+from typing import Literal, Protocol, TypeAlias, runtime_checkable
+
+from core.calls import new_id
+from core.errors import RunConflict, RunNotFound
+from core.executor import Executor
+from core.loop import Agent, Message, run_tool_loop
+from core.store import MemoryApprovalStore, utc_now
+
+__all__ = [
+    "DEFAULT_LEASE",
+    "MemoryRunStore",
+    "RunRecord",
+    "RunStatus",
+    "RunStore",
+    "advance_run",
+]
+
+RunStatus: TypeAlias = Literal["running", "waiting", "finished", "failed"]
+Clock: TypeAlias = Callable[[], datetime]
+
+DEFAULT_LEASE = 300.0
+"""Seconds a worker holds a claimed run before another may take it over."""
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    """A stored run."""
+
+    run_id: str
+    agent: str
+    """The name of the agent (as configured) that runs it."""
+    status: RunStatus
+    messages: list[Message]
+    """The whole conversation: the run's state."""
+    version: int
+    """Bumped by every save; a save names the version it read."""
+    created_at: datetime
+    updated_at: datetime
+    requested_by: str | None = None
+    final_text: str | None = None
+    error: str | None = None
+    claimed_by: str | None = None
+    """The worker that holds the run, while `status` is running."""
+    lease_until: datetime | None = None
+
+
+_Runs: TypeAlias = list[RunRecord]
+
+
+@runtime_checkable
+class RunStore(Protocol):
+    """Where durable runs live, beside the approvals of their calls."""
+
+    async def create_run(
+        self,
+        *,
+        agent: str,
+        messages: Sequence[Message],
+        worker: str,
+        requested_by: str | None = None,
+        run_id: str | None = None,
+        lease: float = DEFAULT_LEASE,
+    ) -> RunRecord:
+        """A new run, running and claimed by `worker` (who starts it)."""
+        ...
+
+    async def get_run(self, run_id: str) -> RunRecord:
+        """The run. Raises `RunNotFound`."""
+        ...
+
+    async def save_run(
+        self,
+        run: RunRecord,
+        *,
+        status: RunStatus,
+        messages: Sequence[Message],
+        final_text: str | None = None,
+        error: str | None = None,
+    ) -> RunRecord:
+        """Store the run's progress and release its claim, if it is still at `run.version`.
+
+        Raises `RunNotFound`, `RunConflict`.
+        """
+        ...
+
+    async def claim_ready(
+        self, *, worker: str, lease: float = DEFAULT_LEASE, limit: int = 10
+    ) -> _Runs:
+        """Claim up to `limit` runs `worker` may continue now, oldest first: waiting runs
+        none of whose approvals is pending, and running runs whose lease has run out."""
+        ...
+
+    async def renew_claim(self, run: RunRecord, *, lease: float = DEFAULT_LEASE) -> RunRecord:
+        """Extend the claim `run` holds, if nobody took the run over since.
+
+        Raises `RunNotFound`, `RunConflict`.
+        """
+        ...
+
+
+class MemoryRunStore:
+    """A `RunStore` in memory, beside a `MemoryApprovalStore` that holds the approvals."""
+
+    def __init__(self, approvals: MemoryApprovalStore, *, clock: Clock = utc_now) -> None:
+        self.approvals = approvals
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._runs: dict[str, RunRecord] = {}
+
+    async def create_run(
+        self,
+        *,
+        agent: str,
+        messages: Sequence[Message],
+        worker: str,
+        requested_by: str | None = None,
+        run_id: str | None = None,
+        lease: float = DEFAULT_LEASE,
+    ) -> RunRecord:
+        now = self._clock()
+        run = RunRecord(
+            run_id=run_id or new_id("run_"),
+            agent=agent,
+            status="running",
+            messages=list(messages),
+            version=1,
+            created_at=now,
+            updated_at=now,
+            requested_by=requested_by,
+            claimed_by=worker,
+            lease_until=now + timedelta(seconds=lease),
+        )
+        with self._lock:
+            if run.run_id in self._runs:
+                raise RunConflict(
+                    run_id=run.run_id, expected=0, found=self._runs[run.run_id].version
+                )
+            self._runs[run.run_id] = run
+        return run
+
+    async def get_run(self, run_id: str) -> RunRecord:
+        with self._lock:
+            return self._get(run_id)
+
+    async def save_run(
+        self,
+        run: RunRecord,
+        *,
+        status: RunStatus,
+        messages: Sequence[Message],
+        final_text: str | None = None,
+        error: str | None = None,
+    ) -> RunRecord:
+        with self._lock:
+            stored = self._get(run.run_id)
+            if stored.version != run.version:
+                raise RunConflict(run_id=run.run_id, expected=run.version, found=stored.version)
+            saved = replace(
+                stored,
+                status=status,
+                messages=list(messages),
+                final_text=final_text,
+                error=error,
+                version=stored.version + 1,
+                updated_at=self._clock(),
+                claimed_by=None,
+                lease_until=None,
+            )
+            self._runs[run.run_id] = saved
+            return saved
+
+    async def claim_ready(
+        self, *, worker: str, lease: float = DEFAULT_LEASE, limit: int = 10
+    ) -> _Runs:
+        now = self._clock()
+        waiting_on = {
+            record.request.run_id for record in await self.approvals.list(status="pending")
+        }
+        with self._lock:
+            ready = [
+                run
+                for run in self._runs.values()
+                if (run.status == "waiting" and run.run_id not in waiting_on)
+                or (
+                    run.status == "running"
+                    and run.lease_until is not None
+                    and run.lease_until <= now
+                )
+            ][:limit]
+            claimed = []
+            for run in ready:
+                taken = replace(
+                    run,
+                    status="running",
+                    version=run.version + 1,
+                    updated_at=now,
+                    claimed_by=worker,
+                    lease_until=now + timedelta(seconds=lease),
+                )
+                self._runs[run.run_id] = taken
+                claimed.append(taken)
+        return claimed
+
+    async def renew_claim(self, run: RunRecord, *, lease: float = DEFAULT_LEASE) -> RunRecord:
+        now = self._clock()
+        with self._lock:
+            stored = self._get(run.run_id)
+            if stored.version != run.version or stored.lease_until is None:
+                raise RunConflict(run_id=run.run_id, expected=run.version, found=stored.version)
+            if stored.lease_until <= now:
+                # Expired: whoever claims it next may already be working on it.
+                raise RunConflict(
+                    run_id=run.run_id,
+                    expected=run.version,
+                    found=stored.version,
+                    reason=f"the claim of {stored.claimed_by} has expired",
+                )
+            renewed = replace(
+                stored,
+                version=stored.version + 1,
+                updated_at=now,
+                lease_until=now + timedelta(seconds=lease),
+            )
+            self._runs[run.run_id] = renewed
+            return renewed
+
+    def _get(self, run_id: str) -> RunRecord:
+        try:
+            return self._runs[run_id]
+        except KeyError:
+            raise RunNotFound(run_id=run_id) from None
+
+
+_OUTCOMES: dict[str, RunStatus] = {"stop": "finished", "pending": "waiting", "max_turns": "failed"}
+
+
+async def advance_run(
+    run: RunRecord, *, agent: Agent, executor: Executor, runs: RunStore, max_turns: int = 20
+) -> RunRecord:
+    """Continue a claimed run's tool loop, with its own run id, and save where it stopped:
+    finished (the model answered), waiting (calls wait for review) or failed.
+
+    The claim is renewed first, so a worker whose lease ran out runs nothing. Raises
+    `RunConflict` when the run was taken over, before or while it ran.
+    """
+    run = await runs.renew_claim(run)
+    ctx = executor.context(run.run_id, requested_by=run.requested_by)
+    try:
+        result = await run_tool_loop(agent.chat, run.messages, ctx, max_turns=max_turns)
+    except Exception as exc:
+        # The conversation as last saved is kept: a failed run can be looked at, or retried.
+        failure = f"{type(exc).__name__}: {exc}"
+        return await runs.save_run(run, status="failed", messages=run.messages, error=failure)
+    cut_off = f"stopped after {max_turns} model turns" if result.finish == "max_turns" else None
+    return await runs.save_run(
+        run,
+        status=_OUTCOMES[result.finish],
+        messages=result.messages,
+        final_text=result.final_text,
+        error=cut_off,
+    )

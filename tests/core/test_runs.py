@@ -1,0 +1,216 @@
+"""Durable runs: pause, wait for every decision, be claimed by a worker, resume once."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from pydantic import TypeAdapter
+
+from core import (
+    Agent,
+    ChatResponse,
+    DeferredApproval,
+    Executor,
+    HumanMessage,
+    MemoryApprovalStore,
+    MemoryRunStore,
+    Message,
+    RunConflict,
+    RunNotFound,
+    RunRecord,
+    ScriptedChat,
+    ToolCall,
+    ToolRegistry,
+    advance_run,
+)
+
+MESSAGES = TypeAdapter(list[Message])
+
+
+class Clock:
+    """A clock the test moves by hand."""
+
+    def __init__(self) -> None:
+        self.now = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
+
+    def __call__(self) -> datetime:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += timedelta(seconds=seconds)
+
+
+def refund_turn(*call_ids: str) -> ChatResponse:
+    calls = [
+        ToolCall(id=call_id, name="refund", arguments={"order_id": "A-1", "amount": 120.0})
+        for call_id in call_ids
+    ]
+    return ChatResponse(tool_calls=calls)
+
+
+@dataclass
+class Bot:
+    """A support agent whose refunds need review, a store of approvals and runs."""
+
+    script: list[ChatResponse | str] = field(
+        default_factory=lambda: [refund_turn("call_1"), "The refund is done."]
+    )
+    clock: Clock = field(default_factory=Clock)
+    refunds: list[float] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        tools = ToolRegistry()
+
+        @tools.tool(confirm=True)
+        def refund(order_id: str, amount: float) -> str:
+            self.refunds.append(amount)
+            return f"refunded {amount} on {order_id}"
+
+        self.agent = Agent(ScriptedChat(self.script), tools)
+        self.approvals = MemoryApprovalStore(clock=self.clock)
+        self.runs = MemoryRunStore(self.approvals, clock=self.clock)
+        self.executor = self.agent.executor(approval=DeferredApproval(self.approvals))
+
+    async def start(self, text: str = "Refund order A-1", run_id: str = "run_1") -> RunRecord:
+        run = await self.runs.create_run(
+            agent="support",
+            messages=[HumanMessage(content=text)],
+            worker="w1",
+            requested_by="carol",
+            run_id=run_id,
+        )
+        return await advance_run(run, agent=self.agent, executor=self.executor, runs=self.runs)
+
+    async def pending_ids(self, run_id: str = "run_1") -> list[str]:
+        return [r.approval_id for r in await self.approvals.list(run_id=run_id, status="pending")]
+
+    async def resume_ready(self, worker: str = "w2") -> list[RunRecord]:
+        claimed = await self.runs.claim_ready(worker=worker)
+        return [
+            await advance_run(run, agent=self.agent, executor=self.executor, runs=self.runs)
+            for run in claimed
+        ]
+
+
+async def test_a_run_waits_for_review_then_a_worker_finishes_it_once() -> None:
+    bot = Bot()
+    waiting = await bot.start()
+    assert waiting.status == "waiting"
+    assert waiting.claimed_by is None
+    assert bot.refunds == []
+    assert await bot.runs.claim_ready(worker="w2") == []  # still pending
+
+    [approval_id] = await bot.pending_ids()
+    await bot.executor.decide(approval_id, True, decided_by="ana")
+    [finished] = await bot.resume_ready()
+    assert finished.status == "finished"
+    assert finished.final_text == "The refund is done."
+    assert bot.refunds == [120.0]
+    assert await bot.resume_ready() == []  # nothing left to do
+    assert (await bot.runs.get_run("run_1")).status == "finished"
+
+
+async def test_a_run_resumes_only_when_every_pending_call_is_decided() -> None:
+    bot = Bot(script=[refund_turn("call_1", "call_2"), "Both refunds are done."])
+    await bot.start()
+    first, second = await bot.pending_ids()
+    await bot.executor.decide(first, True)
+    assert await bot.runs.claim_ready(worker="w2") == []
+    await bot.executor.decide(second, {"action": "deny", "message": "one is enough"})
+    [finished] = await bot.resume_ready()
+    assert finished.status == "finished"
+    assert bot.refunds == [120.0]
+    denial = [m for m in finished.messages if getattr(m, "status", None) == "error"]
+    assert "one is enough" in denial[0].content  # type: ignore[union-attr]
+
+
+async def test_a_claim_is_exclusive_until_its_lease_runs_out() -> None:
+    bot = Bot()
+    await bot.start()
+    [approval_id] = await bot.pending_ids()
+    await bot.executor.decide(approval_id, True)
+    [claimed] = await bot.runs.claim_ready(worker="w2", lease=60)
+    assert (claimed.status, claimed.claimed_by) == ("running", "w2")
+    assert await bot.runs.claim_ready(worker="w3") == []
+    bot.clock.advance(61)  # w2 died: its lease ran out
+    [taken_over] = await bot.runs.claim_ready(worker="w3")
+    assert taken_over.claimed_by == "w3"
+    with pytest.raises(RunConflict, match="saved by someone else"):
+        await advance_run(claimed, agent=bot.agent, executor=bot.executor, runs=bot.runs)
+    assert bot.refunds == []  # w2 came back too late: it ran nothing
+    done = await advance_run(taken_over, agent=bot.agent, executor=bot.executor, runs=bot.runs)
+    assert done.status == "finished"
+    assert bot.refunds == [120.0]
+
+
+async def test_an_expired_claim_cannot_be_renewed_even_before_a_takeover() -> None:
+    bot = Bot()
+    await bot.start()
+    [approval_id] = await bot.pending_ids()
+    await bot.executor.decide(approval_id, True)
+    [claimed] = await bot.runs.claim_ready(worker="w2", lease=60)
+    renewed = await bot.runs.renew_claim(claimed, lease=60)
+    assert renewed.lease_until is not None and renewed.lease_until > bot.clock()
+    bot.clock.advance(61)
+    with pytest.raises(RunConflict, match="the claim of w2 has expired"):
+        await bot.runs.renew_claim(renewed)
+    assert bot.refunds == []
+
+
+async def test_a_failing_model_fails_the_run_and_keeps_its_conversation() -> None:
+    bot = Bot(script=[])  # the model has nothing to say
+    failed = await bot.start()
+    assert failed.status == "failed"
+    assert failed.error is not None and "ScriptedChat has 0 responses" in failed.error
+    assert [m.role for m in failed.messages] == ["user"]
+
+
+async def test_a_run_cut_off_by_max_turns_fails_with_the_reason() -> None:
+    bot = Bot(script=[refund_turn("call_1"), "done"])
+    run = await bot.runs.create_run(
+        agent="support", messages=[HumanMessage(content="hi")], worker="w1"
+    )
+    cut = await advance_run(run, agent=bot.agent, executor=bot.executor, runs=bot.runs, max_turns=1)
+    assert cut.status == "failed"
+    assert cut.error == "stopped after 1 model turns"
+
+
+async def test_runs_are_kept_as_json_ready_messages() -> None:
+    bot = Bot()
+    waiting = await bot.start()
+    again = MESSAGES.validate_json(MESSAGES.dump_json(waiting.messages))
+    assert again == waiting.messages
+
+
+async def test_unknown_run_and_duplicate_run_id() -> None:
+    bot = Bot()
+    with pytest.raises(RunNotFound, match="run_x"):
+        await bot.runs.get_run("run_x")
+    await bot.start(run_id="run_1")
+    with pytest.raises(RunConflict):
+        await bot.start(run_id="run_1")
+
+
+async def test_a_save_must_name_the_version_it_read() -> None:
+    bot = Bot()
+    run = await bot.runs.create_run(agent="support", messages=[], worker="w1")
+    saved = await bot.runs.save_run(run, status="waiting", messages=[])
+    assert (saved.version, saved.claimed_by) == (run.version + 1, None)
+    with pytest.raises(RunConflict) as raised:
+        await bot.runs.save_run(run, status="finished", messages=[])
+    assert (raised.value.expected, raised.value.found) == (run.version, saved.version)
+    assert (await bot.runs.get_run(run.run_id)).status == "waiting"
+
+
+async def test_the_same_executor_serves_any_run_id() -> None:
+    bot = Bot()
+    await bot.start(run_id="run_a")
+    await bot.start(run_id="run_b")
+    for approval_id in await bot.pending_ids("run_a") + await bot.pending_ids("run_b"):
+        await bot.executor.decide(approval_id, True)
+    finished = await bot.resume_ready()
+    assert sorted(run.run_id for run in finished) == ["run_a", "run_b"]
+    assert bot.refunds == [120.0, 120.0]
+    assert isinstance(bot.executor, Executor)
