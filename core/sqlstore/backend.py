@@ -22,6 +22,8 @@ __all__ = [
     "COLUMN_NAMES",
     "DECIDE_REFUSAL",
     "NOT_DECIDED",
+    "RUN_COLUMNS",
+    "RUN_COLUMN_NAMES",
     "Backend",
     "Change",
     "EventRow",
@@ -50,6 +52,23 @@ COLUMN_NAMES = (
 )
 """The columns of `approvals` that make a record (`seq` only orders them)."""
 COLUMNS = ", ".join(COLUMN_NAMES)
+
+RUN_COLUMN_NAMES = (
+    "run_id",
+    "agent",
+    "status",
+    "messages",
+    "version",
+    "created_at",
+    "updated_at",
+    "requested_by",
+    "final_text",
+    "error",
+    "claimed_by",
+    "lease_until",
+)
+"""The columns of `runs` that make a run record."""
+RUN_COLUMNS = ", ".join(RUN_COLUMN_NAMES)
 
 Row: TypeAlias = dict[str, Any]
 """One `approvals` row: column name to value, timestamps as aware UTC datetimes."""
@@ -150,6 +169,33 @@ class Backend(Protocol):
 
     async def event_rows(self, approval_id: str | None) -> list[EventRow]:
         """Events in order, of one approval or all."""
+        ...
+
+    async def create_run(self, row: Row) -> Row | None:
+        """Insert a run; None when a run with its id exists."""
+        ...
+
+    async def get_run(self, run_id: str) -> Row | None:
+        """The run, or None."""
+        ...
+
+    async def save_run(self, run_id: str, version: int, values: Row) -> Change:
+        """Set `values` (status, messages, final_text, error, updated_at), bump the version and
+        release the claim, if the run is still at `version`."""
+        ...
+
+    async def renew_claim(
+        self, run_id: str, version: int, at: datetime, lease_until: datetime
+    ) -> Change:
+        """Move the lease to `lease_until` if the run is at `version` and its lease runs
+        past `at`."""
+        ...
+
+    async def claim_ready(
+        self, worker: str, at: datetime, lease_until: datetime, limit: int
+    ) -> list[Row]:
+        """Claim waiting runs with no pending approval and running runs whose lease ran out
+        before `at`, oldest first."""
         ...
 
     async def close(self) -> None:

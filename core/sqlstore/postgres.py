@@ -18,6 +18,8 @@ from core.sqlstore.backend import (
     COLUMNS,
     DECIDE_REFUSAL,
     NOT_DECIDED,
+    RUN_COLUMN_NAMES,
+    RUN_COLUMNS,
     Change,
     EventRow,
     Row,
@@ -104,6 +106,37 @@ async def _keep_session(connection: asyncpg.Connection) -> None:
     """Nothing to reset when a connection goes back to the pool: the store never changes
     session state (no SET, LISTEN or session locks), and asyncpg's default reset would cost
     one more round trip per operation."""
+
+
+_INSERT_RUN = f"""
+INSERT INTO runs ({RUN_COLUMNS})
+VALUES ({", ".join(f"${i}" for i in range(1, len(RUN_COLUMN_NAMES) + 1))})
+ON CONFLICT (run_id) DO NOTHING
+RETURNING {RUN_COLUMNS}"""
+_SELECT_RUN = f"SELECT {RUN_COLUMNS} FROM runs WHERE run_id = $1"
+_SAVE_RUN = f"""
+UPDATE runs SET status = $3, messages = $4, final_text = $5, error = $6, updated_at = $7,
+    version = version + 1, claimed_by = NULL, lease_until = NULL
+WHERE run_id = $1 AND version = $2
+RETURNING {RUN_COLUMNS}"""
+_RENEW_CLAIM = f"""
+UPDATE runs SET version = version + 1, updated_at = $3, lease_until = $4
+WHERE run_id = $1 AND version = $2 AND lease_until > $3
+RETURNING {RUN_COLUMNS}"""
+# Replicas claim concurrently: SKIP LOCKED hands each run to one of them.
+_CLAIM_READY = f"""
+UPDATE runs SET status = 'running', version = version + 1, updated_at = $1,
+    claimed_by = $2, lease_until = $3
+WHERE seq IN (
+    SELECT seq FROM runs
+    WHERE (status = 'waiting' AND NOT EXISTS (
+              SELECT 1 FROM approvals
+              WHERE approvals.run_id = runs.run_id AND approvals.status = 'pending'))
+       OR (status = 'running' AND lease_until <= $1)
+    ORDER BY seq LIMIT $4
+    FOR UPDATE SKIP LOCKED
+)
+RETURNING seq, {RUN_COLUMNS}"""
 
 
 def _row(record: asyncpg.Record | None) -> Row | None:
@@ -215,6 +248,38 @@ class PostgresBackend:
             arguments = (approval_id,)
         records = await self._pool.fetch(query + " ORDER BY seq", *arguments)
         return [EventRow(*record) for record in records]
+
+    async def create_run(self, row: Row) -> Row | None:
+        return await self._one(_INSERT_RUN, *(row.get(name) for name in RUN_COLUMN_NAMES))
+
+    async def get_run(self, run_id: str) -> Row | None:
+        return await self._one(_SELECT_RUN, run_id)
+
+    async def save_run(self, run_id: str, version: int, values: Row) -> Change:
+        changed = await self._one(
+            _SAVE_RUN,
+            run_id,
+            version,
+            values["status"],
+            values["messages"],
+            values["final_text"],
+            values["error"],
+            values["updated_at"],
+        )
+        return Change(changed, None) if changed else Change(None, await self.get_run(run_id))
+
+    async def renew_claim(
+        self, run_id: str, version: int, at: datetime, lease_until: datetime
+    ) -> Change:
+        changed = await self._one(_RENEW_CLAIM, run_id, version, at, lease_until)
+        return Change(changed, None) if changed else Change(None, await self.get_run(run_id))
+
+    async def claim_ready(
+        self, worker: str, at: datetime, lease_until: datetime, limit: int
+    ) -> list[Row]:
+        records = await self._pool.fetch(_CLAIM_READY, at, worker, lease_until, limit)
+        ordered = sorted(records, key=lambda record: record["seq"])
+        return [{name: record[name] for name in RUN_COLUMN_NAMES} for record in ordered]
 
     async def close(self) -> None:
         await self._pool.close()

@@ -20,7 +20,7 @@ from sqlalchemy import (
     TypeDecorator,
 )
 
-__all__ = ["UTCDateTime", "approvals", "events", "metadata"]
+__all__ = ["UTCDateTime", "approvals", "events", "metadata", "runs"]
 
 metadata = MetaData()
 
@@ -94,3 +94,23 @@ events = Table(
     Column("detail", Text, nullable=False),  # JSON object
 )
 Index("events_approval", events.c.approval_id, events.c.seq)
+
+runs = Table(
+    "runs",
+    metadata,
+    Column("seq", Serial, primary_key=True, autoincrement=True),
+    Column("run_id", String(255), nullable=False, unique=True),
+    Column("agent", String(255), nullable=False),
+    Column("status", String(16), nullable=False),  # running | waiting | finished | failed
+    Column("messages", Text, nullable=False),  # the conversation as JSON
+    Column("version", Integer, nullable=False),
+    Column("created_at", UTCDateTime, nullable=False),
+    Column("updated_at", UTCDateTime, nullable=False),
+    Column("requested_by", String(255)),
+    Column("final_text", Text),
+    Column("error", Text),
+    Column("claimed_by", String(255)),
+    Column("lease_until", UTCDateTime),
+)
+# claim_ready(): waiting runs, and running ones whose lease ran out, oldest first.
+Index("runs_status", runs.c.status, runs.c.seq)

@@ -22,6 +22,8 @@ from core.sqlstore.backend import (
     COLUMN_NAMES,
     COLUMNS,
     DECIDE_REFUSAL,
+    RUN_COLUMN_NAMES,
+    RUN_COLUMNS,
     Change,
     EventRow,
     EventValues,
@@ -63,6 +65,33 @@ _SELECT_ACTIVE = (
 )
 
 
+_RUN_TIMES = ("created_at", "updated_at", "lease_until")
+_INSERT_RUN = (
+    f"INSERT INTO runs ({RUN_COLUMNS}) VALUES ({', '.join('?' for _ in RUN_COLUMN_NAMES)}) "
+    f"RETURNING {RUN_COLUMNS}"
+)
+_SELECT_RUN = f"SELECT {RUN_COLUMNS} FROM runs WHERE run_id = ?"
+_SAVE_RUN = (
+    "UPDATE runs SET status = ?, messages = ?, final_text = ?, error = ?, updated_at = ?, "
+    "version = version + 1, claimed_by = NULL, lease_until = NULL "
+    f"WHERE run_id = ? AND version = ? RETURNING {RUN_COLUMNS}"
+)
+_RENEW_CLAIM = (
+    "UPDATE runs SET version = version + 1, updated_at = ?, lease_until = ? "
+    f"WHERE run_id = ? AND version = ? AND lease_until > ? RETURNING {RUN_COLUMNS}"
+)
+_CLAIM_READY = (
+    "UPDATE runs SET status = 'running', version = version + 1, updated_at = ?, "
+    "claimed_by = ?, lease_until = ? WHERE seq IN ("
+    "  SELECT seq FROM runs WHERE (status = 'waiting' AND NOT EXISTS ("
+    "    SELECT 1 FROM approvals WHERE approvals.run_id = runs.run_id"
+    "    AND approvals.status = 'pending'))"
+    "  OR (status = 'running' AND lease_until <= ?)"
+    "  ORDER BY seq LIMIT ?"
+    f") RETURNING seq, {RUN_COLUMNS}"
+)
+
+
 def _text(moment: datetime) -> str:
     """The form SQLAlchemy writes DATETIME columns in on SQLite: naive UTC, ISO with a space
     (the `+00:00` that isoformat adds for UTC is cut off)."""
@@ -83,6 +112,23 @@ def _row(found: sqlite3.Row | None) -> Row | None:
         if row[column] is not None:
             row[column] = _moment(row[column])
     return row
+
+
+def _run_row(found: Sequence[Any] | None) -> Row | None:
+    if found is None:
+        return None
+    row = dict(zip(RUN_COLUMN_NAMES, found, strict=True))
+    for column in _RUN_TIMES:
+        if row[column] is not None:
+            row[column] = _moment(row[column])
+    return row
+
+
+def _run_values(row: Row) -> tuple[Any, ...]:
+    return tuple(
+        _text(row[name]) if isinstance(row.get(name), datetime) else row.get(name)
+        for name in RUN_COLUMN_NAMES
+    )
 
 
 def _is_busy(error: sqlite3.OperationalError) -> bool:
@@ -261,6 +307,62 @@ class SqliteBackend:
             parameters = (approval_id,)
         rows = await self._fetch_all(query + " ORDER BY seq", parameters)
         return [EventRow(r[0], r[1], r[2], _moment(r[3]), r[4], r[5], r[6]) for r in rows]
+
+    async def create_run(self, row: Row) -> Row | None:
+        values = _run_values(row)
+
+        def work(db: sqlite3.Connection) -> Row | None:
+            try:
+                return _run_row(db.execute(_INSERT_RUN, values).fetchone())
+            except sqlite3.IntegrityError:
+                return None  # a run with this id exists
+
+        return await self._transaction(work)
+
+    async def get_run(self, run_id: str) -> Row | None:
+        return _run_row(await self._patiently(lambda: self._fetch_run(self._db, run_id)))
+
+    async def save_run(self, run_id: str, version: int, values: Row) -> Change:
+        parameters = (
+            values["status"],
+            values["messages"],
+            values["final_text"],
+            values["error"],
+            _text(values["updated_at"]),
+            run_id,
+            version,
+        )
+        return await self._run_change(_SAVE_RUN, parameters, run_id)
+
+    async def renew_claim(
+        self, run_id: str, version: int, at: datetime, lease_until: datetime
+    ) -> Change:
+        parameters = (_text(at), _text(lease_until), run_id, version, _text(at))
+        return await self._run_change(_RENEW_CLAIM, parameters, run_id)
+
+    async def claim_ready(
+        self, worker: str, at: datetime, lease_until: datetime, limit: int
+    ) -> list[Row]:
+        parameters = (_text(at), worker, _text(lease_until), _text(at), limit)
+
+        def work(db: sqlite3.Connection) -> list[Sequence[Any]]:
+            return sorted(db.execute(_CLAIM_READY, parameters).fetchall(), key=lambda r: r[0])
+
+        return [_run_row(tuple(found)[1:]) or {} for found in await self._transaction(work)]
+
+    async def _run_change(self, query: str, parameters: tuple[Any, ...], run_id: str) -> Change:
+        def work(db: sqlite3.Connection) -> Change:
+            changed = _run_row(db.execute(query, parameters).fetchone())
+            if changed is not None:
+                return Change(changed, None)
+            return Change(None, _run_row(self._fetch_run(db, run_id)))
+
+        return await self._transaction(work)
+
+    @staticmethod
+    def _fetch_run(db: sqlite3.Connection, run_id: str) -> Sequence[Any] | None:
+        found: Sequence[Any] | None = db.execute(_SELECT_RUN, (run_id,)).fetchone()
+        return found
 
     async def close(self) -> None:
         self._db.close()

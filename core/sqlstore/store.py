@@ -15,11 +15,12 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Callable
-from datetime import datetime
+from collections.abc import Callable, Sequence
+from datetime import datetime, timedelta
 from typing import TypeAlias, cast
 from urllib.parse import urlencode
 
+from pydantic import TypeAdapter
 from sqlalchemy.engine import URL
 
 from core.calls import new_id
@@ -30,8 +31,12 @@ from core.errors import (
     ApprovalError,
     ApprovalNotDecided,
     ApprovalNotFound,
+    RunConflict,
+    RunNotFound,
 )
-from core.sqlstore.backend import Backend, Row
+from core.loop import Message
+from core.runs import DEFAULT_LEASE, RunRecord, RunStatus
+from core.sqlstore.backend import Backend, Change, Row
 from core.sqlstore.engine import (
     normalize_url,
     open_engine,
@@ -57,8 +62,10 @@ DEFAULT_LOCK_TIMEOUT = 30.0
 """Seconds a SQLite write waits for another process's write lock before it fails."""
 
 Clock: TypeAlias = Callable[[], datetime]
+_MESSAGES: TypeAdapter[list[Message]] = TypeAdapter(list[Message])
 _Records: TypeAlias = list[ApprovalRecord]
 _Events: TypeAlias = list[ApprovalEvent]
+_Runs: TypeAlias = list[RunRecord]
 
 
 class SqlApprovalStore:
@@ -221,6 +228,89 @@ class SqlApprovalStore:
             for row in rows
         ]
 
+    async def create_run(
+        self,
+        *,
+        agent: str,
+        messages: Sequence[Message],
+        worker: str,
+        requested_by: str | None = None,
+        run_id: str | None = None,
+        lease: float = DEFAULT_LEASE,
+    ) -> RunRecord:
+        backend = await self._ready()
+        now = self._clock()
+        new_run_id = run_id or new_id("run_")
+        row: Row = {
+            "run_id": new_run_id,
+            "agent": agent,
+            "status": "running",
+            "messages": _MESSAGES.dump_json(list(messages)).decode(),
+            "version": 1,
+            "created_at": now,
+            "updated_at": now,
+            "requested_by": requested_by,
+            "claimed_by": worker,
+            "lease_until": now + timedelta(seconds=lease),
+        }
+        with self._errors():
+            created = await backend.create_run(row)
+            if created is None:
+                existing = await backend.get_run(new_run_id)
+        if created is None:
+            found = existing["version"] if existing else 0
+            raise RunConflict(
+                run_id=new_run_id, expected=0, found=found, reason="a run with this id exists"
+            )
+        return _run(created)
+
+    async def get_run(self, run_id: str) -> RunRecord:
+        backend = await self._ready()
+        with self._errors():
+            row = await backend.get_run(run_id)
+        if row is None:
+            raise RunNotFound(run_id=run_id)
+        return _run(row)
+
+    async def save_run(
+        self,
+        run: RunRecord,
+        *,
+        status: RunStatus,
+        messages: Sequence[Message],
+        final_text: str | None = None,
+        error: str | None = None,
+    ) -> RunRecord:
+        backend = await self._ready()
+        values = {
+            "status": status,
+            "messages": _MESSAGES.dump_json(list(messages)).decode(),
+            "final_text": final_text,
+            "error": error,
+            "updated_at": self._clock(),
+        }
+        with self._errors():
+            change = await backend.save_run(run.run_id, run.version, values)
+        return _run(_changed_run(change, run))
+
+    async def renew_claim(self, run: RunRecord, *, lease: float = DEFAULT_LEASE) -> RunRecord:
+        backend = await self._ready()
+        now = self._clock()
+        with self._errors():
+            change = await backend.renew_claim(
+                run.run_id, run.version, now, now + timedelta(seconds=lease)
+            )
+        return _run(_changed_run(change, run))
+
+    async def claim_ready(
+        self, *, worker: str, lease: float = DEFAULT_LEASE, limit: int = 10
+    ) -> _Runs:
+        backend = await self._ready()
+        now = self._clock()
+        with self._errors():
+            rows = await backend.claim_ready(worker, now, now + timedelta(seconds=lease), limit)
+        return [_run(row) for row in rows]
+
     async def _ready(self) -> Backend:
         if self._backend is not None:
             return self._backend
@@ -253,6 +343,36 @@ def _sqlite_target(url: URL) -> tuple[str, bool]:
     if url.query.get("uri") in ("true", "1") or database.startswith("file:"):
         return (f"{database}?{urlencode(query, doseq=True)}" if query else database), True
     return database, False
+
+
+def _changed_run(change: Change, run: RunRecord) -> Row:
+    """The changed row, or the error saying why the run did not change."""
+    if change.changed is not None:
+        return change.changed
+    if change.existing is None:
+        raise RunNotFound(run_id=run.run_id)
+    found = change.existing["version"]
+    reason = None
+    if found == run.version:  # same version, so only the lease stood in the way
+        reason = f"the claim of {change.existing['claimed_by']} has expired"
+    raise RunConflict(run_id=run.run_id, expected=run.version, found=found, reason=reason)
+
+
+def _run(row: Row) -> RunRecord:
+    return RunRecord(
+        run_id=row["run_id"],
+        agent=row["agent"],
+        status=row["status"],
+        messages=_MESSAGES.validate_json(row["messages"]),
+        version=row["version"],
+        created_at=row["created_at"],
+        updated_at=row["updated_at"],
+        requested_by=row["requested_by"],
+        final_text=row["final_text"],
+        error=row["error"],
+        claimed_by=row["claimed_by"],
+        lease_until=row["lease_until"],
+    )
 
 
 def _record(row: Row) -> ApprovalRecord:

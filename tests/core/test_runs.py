@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import TypeAlias
 
 import pytest
 from pydantic import TypeAdapter
 
 from core import (
     Agent,
+    ApprovalStore,
     ChatResponse,
     DeferredApproval,
     Executor,
@@ -20,11 +25,14 @@ from core import (
     RunConflict,
     RunNotFound,
     RunRecord,
+    RunStore,
     ScriptedChat,
+    SqlApprovalStore,
     ToolCall,
     ToolRegistry,
     advance_run,
 )
+from tests.core.store.conftest import BACKENDS, database_url
 
 MESSAGES = TypeAdapter(list[Message])
 
@@ -50,17 +58,18 @@ def refund_turn(*call_ids: str) -> ChatResponse:
     return ChatResponse(tool_calls=calls)
 
 
-@dataclass
 class Bot:
-    """A support agent whose refunds need review, a store of approvals and runs."""
+    """A support agent whose refunds need review, and a store of its approvals and runs."""
 
-    script: list[ChatResponse | str] = field(
-        default_factory=lambda: [refund_turn("call_1"), "The refund is done."]
-    )
-    clock: Clock = field(default_factory=Clock)
-    refunds: list[float] = field(default_factory=list)
-
-    def __post_init__(self) -> None:
+    def __init__(
+        self,
+        approvals: ApprovalStore,
+        runs: RunStore,
+        clock: Clock,
+        script: list[ChatResponse | str] | None = None,
+    ) -> None:
+        self.approvals, self.runs, self.clock = approvals, runs, clock
+        self.refunds: list[float] = []
         tools = ToolRegistry()
 
         @tools.tool(confirm=True)
@@ -68,10 +77,9 @@ class Bot:
             self.refunds.append(amount)
             return f"refunded {amount} on {order_id}"
 
-        self.agent = Agent(ScriptedChat(self.script), tools)
-        self.approvals = MemoryApprovalStore(clock=self.clock)
-        self.runs = MemoryRunStore(self.approvals, clock=self.clock)
-        self.executor = self.agent.executor(approval=DeferredApproval(self.approvals))
+        script = script if script is not None else [refund_turn("call_1"), "The refund is done."]
+        self.agent = Agent(ScriptedChat(script), tools)
+        self.executor = self.agent.executor(approval=DeferredApproval(approvals))
 
     async def start(self, text: str = "Refund order A-1", run_id: str = "run_1") -> RunRecord:
         run = await self.runs.create_run(
@@ -94,8 +102,28 @@ class Bot:
         ]
 
 
-async def test_a_run_waits_for_review_then_a_worker_finishes_it_once() -> None:
-    bot = Bot()
+MakeBot: TypeAlias = Callable[..., Awaitable[Bot]]
+
+
+@pytest.fixture(params=BACKENDS)
+async def make_bot(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[MakeBot]:
+    """Builds bots whose approvals and runs live in a fresh store of each backend."""
+    async with contextlib.AsyncExitStack() as stack:
+
+        async def make(script: list[ChatResponse | str] | None = None) -> Bot:
+            clock = Clock()
+            if request.param == "memory":
+                approvals = MemoryApprovalStore(clock=clock)
+                return Bot(approvals, MemoryRunStore(approvals, clock=clock), clock, script)
+            url = await stack.enter_async_context(database_url(request.param, tmp_path))
+            store = await stack.enter_async_context(SqlApprovalStore(url, clock=clock))
+            return Bot(store, store, clock, script)
+
+        yield make
+
+
+async def test_a_run_waits_for_review_then_a_worker_finishes_it_once(make_bot: MakeBot) -> None:
+    bot = await make_bot()
     waiting = await bot.start()
     assert waiting.status == "waiting"
     assert waiting.claimed_by is None
@@ -112,8 +140,8 @@ async def test_a_run_waits_for_review_then_a_worker_finishes_it_once() -> None:
     assert (await bot.runs.get_run("run_1")).status == "finished"
 
 
-async def test_a_run_resumes_only_when_every_pending_call_is_decided() -> None:
-    bot = Bot(script=[refund_turn("call_1", "call_2"), "Both refunds are done."])
+async def test_a_run_resumes_only_when_every_pending_call_is_decided(make_bot: MakeBot) -> None:
+    bot = await make_bot(script=[refund_turn("call_1", "call_2"), "Both refunds are done."])
     await bot.start()
     first, second = await bot.pending_ids()
     await bot.executor.decide(first, True)
@@ -126,8 +154,8 @@ async def test_a_run_resumes_only_when_every_pending_call_is_decided() -> None:
     assert "one is enough" in denial[0].content  # type: ignore[union-attr]
 
 
-async def test_a_claim_is_exclusive_until_its_lease_runs_out() -> None:
-    bot = Bot()
+async def test_a_claim_is_exclusive_until_its_lease_runs_out(make_bot: MakeBot) -> None:
+    bot = await make_bot()
     await bot.start()
     [approval_id] = await bot.pending_ids()
     await bot.executor.decide(approval_id, True)
@@ -145,8 +173,8 @@ async def test_a_claim_is_exclusive_until_its_lease_runs_out() -> None:
     assert bot.refunds == [120.0]
 
 
-async def test_an_expired_claim_cannot_be_renewed_even_before_a_takeover() -> None:
-    bot = Bot()
+async def test_an_expired_claim_cannot_be_renewed_even_before_a_takeover(make_bot: MakeBot) -> None:
+    bot = await make_bot()
     await bot.start()
     [approval_id] = await bot.pending_ids()
     await bot.executor.decide(approval_id, True)
@@ -159,16 +187,16 @@ async def test_an_expired_claim_cannot_be_renewed_even_before_a_takeover() -> No
     assert bot.refunds == []
 
 
-async def test_a_failing_model_fails_the_run_and_keeps_its_conversation() -> None:
-    bot = Bot(script=[])  # the model has nothing to say
+async def test_a_failing_model_fails_the_run_and_keeps_its_conversation(make_bot: MakeBot) -> None:
+    bot = await make_bot(script=[])  # the model has nothing to say
     failed = await bot.start()
     assert failed.status == "failed"
     assert failed.error is not None and "ScriptedChat has 0 responses" in failed.error
     assert [m.role for m in failed.messages] == ["user"]
 
 
-async def test_a_run_cut_off_by_max_turns_fails_with_the_reason() -> None:
-    bot = Bot(script=[refund_turn("call_1"), "done"])
+async def test_a_run_cut_off_by_max_turns_fails_with_the_reason(make_bot: MakeBot) -> None:
+    bot = await make_bot(script=[refund_turn("call_1"), "done"])
     run = await bot.runs.create_run(
         agent="support", messages=[HumanMessage(content="hi")], worker="w1"
     )
@@ -177,15 +205,15 @@ async def test_a_run_cut_off_by_max_turns_fails_with_the_reason() -> None:
     assert cut.error == "stopped after 1 model turns"
 
 
-async def test_runs_are_kept_as_json_ready_messages() -> None:
-    bot = Bot()
+async def test_runs_are_kept_as_json_ready_messages(make_bot: MakeBot) -> None:
+    bot = await make_bot()
     waiting = await bot.start()
     again = MESSAGES.validate_json(MESSAGES.dump_json(waiting.messages))
     assert again == waiting.messages
 
 
-async def test_unknown_run_and_duplicate_run_id() -> None:
-    bot = Bot()
+async def test_unknown_run_and_duplicate_run_id(make_bot: MakeBot) -> None:
+    bot = await make_bot()
     with pytest.raises(RunNotFound, match="run_x"):
         await bot.runs.get_run("run_x")
     await bot.start(run_id="run_1")
@@ -193,8 +221,8 @@ async def test_unknown_run_and_duplicate_run_id() -> None:
         await bot.start(run_id="run_1")
 
 
-async def test_a_save_must_name_the_version_it_read() -> None:
-    bot = Bot()
+async def test_a_save_must_name_the_version_it_read(make_bot: MakeBot) -> None:
+    bot = await make_bot()
     run = await bot.runs.create_run(agent="support", messages=[], worker="w1")
     saved = await bot.runs.save_run(run, status="waiting", messages=[])
     assert (saved.version, saved.claimed_by) == (run.version + 1, None)
@@ -204,8 +232,8 @@ async def test_a_save_must_name_the_version_it_read() -> None:
     assert (await bot.runs.get_run(run.run_id)).status == "waiting"
 
 
-async def test_the_same_executor_serves_any_run_id() -> None:
-    bot = Bot()
+async def test_the_same_executor_serves_any_run_id(make_bot: MakeBot) -> None:
+    bot = await make_bot()
     await bot.start(run_id="run_a")
     await bot.start(run_id="run_b")
     for approval_id in await bot.pending_ids("run_a") + await bot.pending_ids("run_b"):
@@ -214,3 +242,16 @@ async def test_the_same_executor_serves_any_run_id() -> None:
     assert sorted(run.run_id for run in finished) == ["run_a", "run_b"]
     assert bot.refunds == [120.0, 120.0]
     assert isinstance(bot.executor, Executor)
+
+
+async def test_concurrent_claims_hand_each_run_to_one_worker(make_bot: MakeBot) -> None:
+    bot = await make_bot()
+    for _ in range(6):
+        run = await bot.runs.create_run(agent="support", messages=[], worker="w0")
+        await bot.runs.save_run(run, status="waiting", messages=[])
+    claims = await asyncio.gather(
+        *(bot.runs.claim_ready(worker=f"w{n}", limit=2) for n in range(1, 5))
+    )
+    claimed = [run.run_id for claim in claims for run in claim]
+    assert len(claimed) == 6
+    assert len(set(claimed)) == 6  # nobody got a run twice
