@@ -1,0 +1,108 @@
+"""The configuration's rules decide each call: no rule, automatic decisions, reviews."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from bot.config import load_config
+from bot.policy import rules_executor
+from core import MemoryApprovalStore, ToolCall, ToolRegistry, ToolResult
+
+RULES = r"""
+rules:
+  - tool: lookup_order
+    decision: approve
+    description: Reading an order is harmless.
+  - tool: refund
+    when: {gt: {amount: 100}}
+    reviewers: [U0123ABCDE]
+  - tool: send_email
+    when: {matches: {to: '@(?!example\.com$)'}}
+    decision: deny
+    description: Mail leaves example.com only through the outbox.
+  - tool: send_email
+    decision: deny
+"""
+
+
+class Shop:
+    def __init__(self, config_path: Path) -> None:
+        self.ran: list[str] = []
+        registry = ToolRegistry()
+
+        @registry.tool
+        def lookup_order(order_id: str) -> str:
+            self.ran.append("lookup_order")
+            return "shipped"
+
+        @registry.tool
+        def refund(order_id: str, amount: float) -> str:
+            self.ran.append(f"refund {amount}")
+            return "refunded"
+
+        @registry.tool
+        def send_email(to: str, subject: str) -> str:
+            self.ran.append(f"email {to}")
+            return "sent"
+
+        @registry.tool
+        def ping() -> str:
+            self.ran.append("ping")
+            return "pong"
+
+        self.store = MemoryApprovalStore()
+        self.executor = rules_executor(registry, load_config(config_path), self.store)
+        self.ctx = self.executor.context("run_1", requested_by="carol")
+
+    async def call(self, name: str, call_id: str = "call_1", **arguments: object) -> ToolResult:
+        return await self.executor.run_call(
+            ToolCall(name=name, arguments=arguments, id=call_id), self.ctx
+        )
+
+
+@pytest.fixture
+def shop(tmp_path: Path) -> Shop:
+    path = tmp_path / "nodbot.yml"
+    path.write_text(RULES)
+    return Shop(path)
+
+
+async def test_a_call_no_rule_covers_runs_without_review(shop: Shop) -> None:
+    assert (await shop.call("ping")).value == "pong"
+    assert await shop.store.list() == []
+
+
+async def test_an_approve_rule_runs_the_call_without_a_person(shop: Shop) -> None:
+    result = await shop.call("lookup_order", order_id="A-1")
+    assert result.status == "ok"
+    assert await shop.store.list() == []
+    assert shop.ran == ["lookup_order"]
+
+
+async def test_the_first_matching_rule_decides(shop: Shop) -> None:
+    outside = await shop.call("send_email", to="x@evil.test", subject="hi")
+    assert outside.error is not None
+    assert outside.error.message == (
+        "approval denied for tool 'send_email': Mail leaves example.com only through the outbox."
+    )
+    assert outside.error.details["decided_by"] == "nodbot:rules.2"
+    inside = await shop.call("send_email", call_id="call_2", to="a@example.com", subject="hi")
+    assert inside.error is not None
+    assert inside.error.message.endswith("denied by rule 3 of the configuration")
+    assert shop.ran == []
+
+
+async def test_a_review_rule_waits_for_a_person_and_a_small_refund_does_not(shop: Shop) -> None:
+    small = await shop.call("refund", order_id="A-1", amount=20)
+    assert small.status == "ok"
+    big = await shop.call("refund", call_id="call_2", order_id="A-1", amount=500)
+    assert big.status == "pending" and big.error is not None
+    approval_id = big.error.details["approval_id"]
+    await shop.executor.decide(approval_id, True, decided_by="U0123ABCDE")
+    resumed = await shop.call("refund", call_id="call_2", order_id="A-1", amount=500)
+    assert resumed.status == "ok"
+    assert shop.ran == ["refund 20.0", "refund 500.0"]
+    [record] = await shop.store.list()
+    assert record.decision is not None and record.decision.decided_by == "U0123ABCDE"
