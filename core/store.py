@@ -37,6 +37,8 @@ from core.errors import (
 
 __all__ = [
     "CONCURRENT_USE_REASON",
+    "TIMEOUT_DECIDER",
+    "TIMEOUT_REASON",
     "ApprovalEvent",
     "ApprovalRecord",
     "ApprovalRequest",
@@ -44,6 +46,7 @@ __all__ = [
     "ApprovalStore",
     "EventKind",
     "MemoryApprovalStore",
+    "timeout_decision",
 ]
 
 ApprovalStatus: TypeAlias = Literal["pending", "approved", "denied"]
@@ -52,6 +55,17 @@ Clock: TypeAlias = Callable[[], datetime]
 
 CONCURRENT_USE_REASON = "approval already used by a concurrent request"
 """The reason given to a call that lost the race for a decision."""
+
+TIMEOUT_DECIDER = "nodbot:timeout"
+"""Who decided a review that nobody decided before its deadline."""
+TIMEOUT_REASON = "nobody decided before the deadline"
+
+
+def timeout_decision(on_timeout: str) -> Decision:
+    """The decision a review that timed out gets."""
+    return Decision(
+        approved=on_timeout == "approve", reason=TIMEOUT_REASON, decided_by=TIMEOUT_DECIDER
+    )
 
 
 def utc_now() -> datetime:
@@ -72,6 +86,10 @@ class ApprovalRequest:
     """SHA-256 of the canonical arguments; a decision only answers a call with this digest."""
     requested_by: str | None = None
     """Who started the run."""
+    deadline: datetime | None = None
+    """When nobody has decided by then, `expire_due` decides with `on_timeout`."""
+    on_timeout: Literal["approve", "deny"] = "deny"
+    """What a review that timed out becomes (recorded as decided by `nodbot:timeout`)."""
 
     @property
     def interrupt(self) -> ToolInterrupt:
@@ -180,6 +198,11 @@ class ApprovalStore(Protocol):
         """The audit log, oldest first, for one approval or all."""
         ...
 
+    async def expire_due(self, *, limit: int = 100) -> _Records:
+        """Decide up to `limit` pending approvals whose deadline has passed, each with its
+        `on_timeout` decision (decided by `nodbot:timeout`, channel `timer`); returns them."""
+        ...
+
 
 class MemoryApprovalStore:
     """An `ApprovalStore` in this process's memory: for tests, examples and single runs."""
@@ -284,6 +307,29 @@ class MemoryApprovalStore:
     async def events(self, approval_id: str | None = None) -> _Events:
         with self._lock:
             return [e for e in self._events if approval_id in (None, e.approval_id)]
+
+    async def expire_due(self, *, limit: int = 100) -> _Records:
+        now = self._clock()
+        expired: _Records = []
+        with self._lock:
+            for record in list(self._records.values()):
+                deadline = record.request.deadline
+                if len(expired) == limit:
+                    break
+                if record.decision is not None or deadline is None or deadline > now:
+                    continue
+                decision = timeout_decision(record.request.on_timeout)
+                record = replace(record, decision=decision, decided_at=now)
+                self._records[record.approval_id] = record
+                self._log(
+                    record.approval_id,
+                    "decided",
+                    actor=TIMEOUT_DECIDER,
+                    channel="timer",
+                    detail={"status": record.status},
+                )
+                expired.append(record)
+        return expired
 
     def _get(self, approval_id: str) -> ApprovalRecord:
         try:

@@ -49,6 +49,8 @@ COLUMN_NAMES = (
     "consumed_at",
     "finished_at",
     "outcome",
+    "deadline",
+    "on_timeout",
 )
 """The columns of `approvals` that make a record (`seq` only orders them)."""
 COLUMNS = ", ".join(COLUMN_NAMES)
@@ -169,6 +171,11 @@ class Backend(Protocol):
 
     async def event_rows(self, approval_id: str | None) -> list[EventRow]:
         """Events in order, of one approval or all."""
+        ...
+
+    async def expire_due(self, at: datetime, decisions: dict[str, str], limit: int) -> list[Row]:
+        """Decide pending rows whose deadline is at or before `at` with
+        `decisions[on_timeout]` (a Decision as JSON), and log their `decided` events."""
         ...
 
     async def create_run(self, row: Row) -> Row | None:

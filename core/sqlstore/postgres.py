@@ -15,6 +15,7 @@ from typing import Any
 import asyncpg
 
 from core.sqlstore.backend import (
+    COLUMN_NAMES,
     COLUMNS,
     DECIDE_REFUSAL,
     NOT_DECIDED,
@@ -25,9 +26,15 @@ from core.sqlstore.backend import (
     Row,
     detail,
 )
-from core.store import CONCURRENT_USE_REASON
+from core.store import CONCURRENT_USE_REASON, TIMEOUT_DECIDER
 
 __all__ = ["PostgresBackend"]
+
+
+def _qualified(table: str, names: tuple[str, ...] = COLUMN_NAMES) -> str:
+    """The columns prefixed with their table, for statements that join another."""
+    return ", ".join(f"{table}.{name}" for name in names)
+
 
 _EVENTS = "INSERT INTO events (approval_id, kind, at, actor, channel, detail)"
 _SELECT_ONE = f"SELECT {COLUMNS} FROM approvals WHERE approval_id = $1"
@@ -35,8 +42,8 @@ _SELECT_ONE = f"SELECT {COLUMNS} FROM approvals WHERE approval_id = $1"
 _CREATE = f"""
 WITH inserted AS (
     INSERT INTO approvals (approval_id, run_id, call_id, tool, arguments, digest,
-                           requested_by, status, created_at)
-    VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
+                           requested_by, status, created_at, deadline, on_timeout)
+    VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $11, $12)
     ON CONFLICT (run_id, call_id) WHERE finished_at IS NULL DO NOTHING
     RETURNING {COLUMNS}
 ), logged AS (
@@ -108,6 +115,29 @@ async def _keep_session(connection: asyncpg.Connection) -> None:
     one more round trip per operation."""
 
 
+# Timers of several replicas share the work: SKIP LOCKED hands each review to one of them,
+# and the outer `status = 'pending'` re-checks a row a reviewer decided meanwhile.
+_EXPIRE = f"""
+WITH picked AS (
+    SELECT seq FROM approvals WHERE status = 'pending' AND deadline <= $3::timestamptz
+    ORDER BY deadline LIMIT $4
+    FOR UPDATE SKIP LOCKED
+), changed AS (
+    UPDATE approvals
+    SET decision = CASE WHEN on_timeout = 'approve' THEN $1 ELSE $2 END,
+        status = CASE WHEN on_timeout = 'approve' THEN 'approved' ELSE 'denied' END,
+        decided_at = $3::timestamptz
+    FROM picked
+    WHERE approvals.seq = picked.seq AND approvals.status = 'pending'
+    RETURNING {_qualified("approvals")}
+), logged AS (
+    {_EVENTS}
+    SELECT approval_id, 'decided', $3::timestamptz, $5::text, 'timer',
+           '{{"status":"' || status || '"}}'
+    FROM changed
+)
+SELECT {COLUMNS} FROM changed"""
+
 _INSERT_RUN = f"""
 INSERT INTO runs ({RUN_COLUMNS})
 VALUES ({", ".join(f"${i}" for i in range(1, len(RUN_COLUMN_NAMES) + 1))})
@@ -125,9 +155,7 @@ WHERE run_id = $1 AND version = $2 AND lease_until > $3
 RETURNING {RUN_COLUMNS}"""
 # Replicas claim concurrently: SKIP LOCKED hands each run to one of them.
 _CLAIM_READY = f"""
-UPDATE runs SET status = 'running', version = version + 1, updated_at = $1,
-    claimed_by = $2, lease_until = $3
-WHERE seq IN (
+WITH picked AS (
     SELECT seq FROM runs
     WHERE (status = 'waiting' AND NOT EXISTS (
               SELECT 1 FROM approvals
@@ -136,7 +164,11 @@ WHERE seq IN (
     ORDER BY seq LIMIT $4
     FOR UPDATE SKIP LOCKED
 )
-RETURNING seq, {RUN_COLUMNS}"""
+UPDATE runs SET status = 'running', version = version + 1, updated_at = $1,
+    claimed_by = $2, lease_until = $3
+FROM picked
+WHERE runs.seq = picked.seq
+RETURNING runs.seq, {_qualified("runs", RUN_COLUMN_NAMES)}"""
 
 
 def _row(record: asyncpg.Record | None) -> Row | None:
@@ -160,16 +192,17 @@ class PostgresBackend:
     async def create(self, row: Row, event_at: datetime) -> Row:
         arguments = (
             row["approval_id"], row["run_id"], row["call_id"], row["tool"], row["arguments"],
-            row["digest"], row["requested_by"], row["status"], row["created_at"],
+            row["digest"], row["requested_by"], row["status"], row["created_at"], event_at,
+            row["deadline"], row["on_timeout"],
         )  # fmt: skip
         # One statement inserts the record, or returns the active one when the insert met
         # it. An active record committed after the statement's snapshot is not visible to
         # it: then it is read on its own (and should it have finished since, insert again).
-        active = await self._one(_CREATE, *arguments, event_at)
+        active = await self._one(_CREATE, *arguments)
         while active is None:
             active = await self._one(_ACTIVE, row["run_id"], row["call_id"])
             if active is None:
-                active = await self._one(_CREATE, *arguments, event_at)
+                active = await self._one(_CREATE, *arguments)
         return active
 
     async def get(self, approval_id: str) -> Row | None:
@@ -248,6 +281,12 @@ class PostgresBackend:
             arguments = (approval_id,)
         records = await self._pool.fetch(query + " ORDER BY seq", *arguments)
         return [EventRow(*record) for record in records]
+
+    async def expire_due(self, at: datetime, decisions: dict[str, str], limit: int) -> list[Row]:
+        records = await self._pool.fetch(
+            _EXPIRE, decisions["approve"], decisions["deny"], at, limit, TIMEOUT_DECIDER
+        )
+        return [dict(record) for record in records]
 
     async def create_run(self, row: Row) -> Row | None:
         return await self._one(_INSERT_RUN, *(row.get(name) for name in RUN_COLUMN_NAMES))

@@ -65,6 +65,8 @@ approvals = Table(
     Column("consumed_at", UTCDateTime),
     Column("finished_at", UTCDateTime),
     Column("outcome", String(64)),
+    Column("deadline", UTCDateTime),
+    Column("on_timeout", String(8), nullable=False, server_default="deny"),
 )
 
 # One active (unfinished) record per call: what makes create() an atomic create-if-absent.
@@ -81,6 +83,13 @@ Index(
 Index("approvals_call", approvals.c.run_id, approvals.c.call_id, approvals.c.seq)
 # list(status=...) across runs, in creation order.
 Index("approvals_status", approvals.c.status, approvals.c.seq)
+# expire_due(): pending reviews by deadline.
+Index(
+    "approvals_deadline",
+    approvals.c.deadline,
+    sqlite_where=approvals.c.status == "pending",
+    postgresql_where=approvals.c.status == "pending",
+)
 
 events = Table(
     "events",

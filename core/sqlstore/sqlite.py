@@ -32,12 +32,13 @@ from core.sqlstore.backend import (
     consumed_events,
     detail,
 )
+from core.store import TIMEOUT_DECIDER
 
 __all__ = ["SqliteBackend"]
 
 T = TypeVar("T")
 
-_TIMES = ("created_at", "decided_at", "consumed_at", "finished_at")
+_TIMES = ("created_at", "decided_at", "consumed_at", "finished_at", "deadline")
 _NEW = (
     "approval_id",
     "run_id",
@@ -48,6 +49,8 @@ _NEW = (
     "requested_by",
     "status",
     "created_at",
+    "deadline",
+    "on_timeout",
 )
 _INSERT = (
     f"INSERT INTO approvals ({', '.join(_NEW)}) VALUES ({', '.join('?' for _ in _NEW)}) "
@@ -65,6 +68,14 @@ _SELECT_ACTIVE = (
 )
 
 
+_EXPIRE = (
+    "UPDATE approvals SET decision = CASE WHEN on_timeout = 'approve' THEN ? ELSE ? END, "
+    "status = CASE WHEN on_timeout = 'approve' THEN 'approved' ELSE 'denied' END, "
+    "decided_at = ? WHERE status = 'pending' AND seq IN ("
+    "  SELECT seq FROM approvals WHERE status = 'pending' AND deadline <= ?"
+    "  ORDER BY deadline LIMIT ?"
+    f") RETURNING {COLUMNS}"
+)
 _RUN_TIMES = ("created_at", "updated_at", "lease_until")
 _INSERT_RUN = (
     f"INSERT INTO runs ({RUN_COLUMNS}) VALUES ({', '.join('?' for _ in RUN_COLUMN_NAMES)}) "
@@ -181,7 +192,7 @@ class SqliteBackend:
         active = await self._fetch_one(_SELECT_ACTIVE, key)
         if active is not None:
             return active  # a resume: no write transaction needed
-        values = tuple(_text(row[k]) if k == "created_at" else row[k] for k in _NEW)
+        values = tuple(_text(row[k]) if isinstance(row[k], datetime) else row[k] for k in _NEW)
         event = (row["approval_id"], "created", _text(event_at), row["requested_by"], None, "{}")
 
         def work(db: sqlite3.Connection) -> Row:
@@ -307,6 +318,19 @@ class SqliteBackend:
             parameters = (approval_id,)
         rows = await self._fetch_all(query + " ORDER BY seq", parameters)
         return [EventRow(r[0], r[1], r[2], _moment(r[3]), r[4], r[5], r[6]) for r in rows]
+
+    async def expire_due(self, at: datetime, decisions: dict[str, str], limit: int) -> list[Row]:
+        now = _text(at)
+        parameters = (decisions["approve"], decisions["deny"], now, now, limit)
+
+        def work(db: sqlite3.Connection) -> list[Row]:
+            expired = [_row(found) or {} for found in db.execute(_EXPIRE, parameters).fetchall()]
+            for row in expired:
+                event = ("decided", now, TIMEOUT_DECIDER, "timer", detail("status", row["status"]))
+                db.execute(_EVENT, (row["approval_id"], *event))
+            return expired
+
+        return await self._transaction(work)
 
     async def create_run(self, row: Row) -> Row | None:
         values = _run_values(row)

@@ -52,6 +52,7 @@ from core.store import (
     ApprovalRequest,
     ApprovalStatus,
     EventKind,
+    timeout_decision,
     utc_now,
 )
 from core.tools import canonical_json
@@ -63,6 +64,9 @@ DEFAULT_LOCK_TIMEOUT = 30.0
 
 Clock: TypeAlias = Callable[[], datetime]
 _MESSAGES: TypeAdapter[list[Message]] = TypeAdapter(list[Message])
+_TIMEOUT_DECISIONS = {
+    outcome: timeout_decision(outcome).model_dump_json() for outcome in ("approve", "deny")
+}
 _Records: TypeAlias = list[ApprovalRecord]
 _Events: TypeAlias = list[ApprovalEvent]
 _Runs: TypeAlias = list[RunRecord]
@@ -131,6 +135,8 @@ class SqlApprovalStore:
             "requested_by": request.requested_by,
             "status": "pending",
             "created_at": now,
+            "deadline": request.deadline,
+            "on_timeout": request.on_timeout,
         }
         with self._errors():
             return _record(await backend.create(row, now))
@@ -227,6 +233,12 @@ class SqlApprovalStore:
             )
             for row in rows
         ]
+
+    async def expire_due(self, *, limit: int = 100) -> _Records:
+        backend = await self._ready()
+        with self._errors():
+            rows = await backend.expire_due(self._clock(), _TIMEOUT_DECISIONS, limit)
+        return [_record(row) for row in rows]
 
     async def create_run(
         self,
@@ -385,6 +397,8 @@ def _record(row: Row) -> ApprovalRecord:
             arguments=json.loads(row["arguments"]),
             digest=row["digest"],
             requested_by=row["requested_by"],
+            deadline=row["deadline"],
+            on_timeout=row["on_timeout"],
         ),
         created_at=row["created_at"],
         decision=None if row["decision"] is None else Decision.model_validate_json(row["decision"]),

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -9,6 +11,7 @@ import pytest
 from bot.config import load_config
 from bot.policy import rules_executor
 from core import MemoryApprovalStore, ToolCall, ToolRegistry, ToolResult
+from core.store import utc_now
 
 RULES = r"""
 rules:
@@ -28,7 +31,7 @@ rules:
 
 
 class Shop:
-    def __init__(self, config_path: Path) -> None:
+    def __init__(self, config_path: Path, clock: Callable[[], datetime] = utc_now) -> None:
         self.ran: list[str] = []
         registry = ToolRegistry()
 
@@ -53,7 +56,7 @@ class Shop:
             return "pong"
 
         self.store = MemoryApprovalStore()
-        self.executor = rules_executor(registry, load_config(config_path), self.store)
+        self.executor = rules_executor(registry, load_config(config_path), self.store, clock=clock)
         self.ctx = self.executor.context("run_1", requested_by="carol")
 
     async def call(self, name: str, call_id: str = "call_1", **arguments: object) -> ToolResult:
@@ -106,3 +109,27 @@ async def test_a_review_rule_waits_for_a_person_and_a_small_refund_does_not(shop
     assert shop.ran == ["refund 20.0", "refund 500.0"]
     [record] = await shop.store.list()
     assert record.decision is not None and record.decision.decided_by == "U0123ABCDE"
+
+
+async def test_a_review_times_out_into_the_rules_timeout_decision(tmp_path: Path) -> None:
+    path = tmp_path / "nodbot.yml"
+    path.write_text(
+        "rules:\n"
+        "  - tool: refund\n"
+        "    reviewers: [U0123ABCDE]\n"
+        "    timeout: 30m\n"
+        "    timeout_decision: deny\n"
+    )
+    an_hour_ago = datetime.now(UTC) - timedelta(hours=1)
+    shop = Shop(path, clock=lambda: an_hour_ago)  # the review was asked an hour ago
+    pending = await shop.call("refund", order_id="A-1", amount=5)
+    assert pending.status == "pending"
+    [expired] = await shop.store.expire_due()
+    assert expired.decision is not None
+    assert expired.decision.decided_by == "nodbot:timeout"
+    resumed = await shop.call("refund", order_id="A-1", amount=5)
+    assert resumed.error is not None
+    assert resumed.error.message == (
+        "approval denied for tool 'refund': nobody decided before the deadline"
+    )
+    assert shop.ran == []

@@ -252,6 +252,7 @@ async def test_concurrent_claims_hand_each_run_to_one_worker(make_bot: MakeBot) 
     claims = await asyncio.gather(
         *(bot.runs.claim_ready(worker=f"w{n}", limit=2) for n in range(1, 5))
     )
+    assert all(len(claim) <= 2 for claim in claims)
     claimed = [run.run_id for claim in claims for run in claim]
     assert len(claimed) == 6
     assert len(set(claimed)) == 6  # nobody got a run twice

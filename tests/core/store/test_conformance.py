@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
+from datetime import UTC, datetime, timedelta
 
 import pytest
 
@@ -230,3 +232,62 @@ async def test_events_of_one_approval_only(store: ApprovalStore) -> None:
     b = await store.create(request("call_2"))
     assert [e.approval_id for e in await store.events(a.approval_id)] == [a.approval_id]
     assert {e.approval_id for e in await store.events()} == {a.approval_id, b.approval_id}
+
+
+def due(call_id: str, seconds: float, on_timeout: str = "deny") -> ApprovalRequest:
+    """A request whose deadline is `seconds` from now (negative: already passed)."""
+    deadline = datetime.now(UTC) + timedelta(seconds=seconds)
+    return replace(request(call_id), deadline=deadline, on_timeout=on_timeout)  # type: ignore[arg-type]
+
+
+async def test_expire_due_decides_overdue_reviews_with_their_timeout_decision(
+    store: ApprovalStore,
+) -> None:
+    late_deny = await store.create(due("call_1", -5))
+    late_approve = await store.create(due("call_2", -5, on_timeout="approve"))
+    not_yet = await store.create(due("call_3", 3600))
+    no_deadline = await store.create(request("call_4"))
+    decided = await store.create(due("call_5", -5))
+    await store.decide(decided.approval_id, APPROVE)
+
+    expired = {record.approval_id: record for record in await store.expire_due()}
+    assert set(expired) == {late_deny.approval_id, late_approve.approval_id}
+    denied, approved = expired[late_deny.approval_id], expired[late_approve.approval_id]
+    assert denied.status == "denied" and approved.status == "approved"
+    for record in (denied, approved):
+        assert record.decision is not None
+        assert record.decision.decided_by == "nodbot:timeout"
+        assert record.decision.reason == "nobody decided before the deadline"
+        assert record.request.deadline is not None
+    assert (await store.get(not_yet.approval_id)).status == "pending"
+    assert (await store.get(no_deadline.approval_id)).status == "pending"
+    assert (await store.get(decided.approval_id)).decision == APPROVE
+    [event] = [e for e in await store.events(late_deny.approval_id) if e.kind == "decided"]
+    assert (event.actor, event.channel, event.detail) == (
+        "nodbot:timeout",
+        "timer",
+        {"status": "denied"},
+    )
+    assert await store.expire_due() == []  # nothing twice
+
+
+async def test_a_decision_after_the_timeout_is_refused(store: ApprovalStore) -> None:
+    record = await store.create(due("call_1", -1))
+    await store.expire_due()
+    with pytest.raises(ApprovalAlreadyDecided, match="nodbot:timeout"):
+        await store.decide(record.approval_id, APPROVE)
+
+
+async def test_expire_due_takes_at_most_limit(store: ApprovalStore) -> None:
+    for number in range(5):
+        await store.create(due(f"call_{number}", -1))
+    assert len(await store.expire_due(limit=2)) == 2
+    assert len(await store.expire_due(limit=10)) == 3
+
+
+async def test_deadline_and_timeout_decision_are_stored(store: ApprovalStore) -> None:
+    made = await store.create(due("call_1", 60, on_timeout="approve"))
+    stored = await store.get(made.approval_id)
+    assert stored.request.on_timeout == "approve"
+    assert stored.request.deadline is not None
+    assert abs((stored.request.deadline - made.request.deadline).total_seconds()) < 0.001  # type: ignore[operator]
