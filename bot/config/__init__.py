@@ -21,7 +21,15 @@ from __future__ import annotations
 
 from bot.config.agents import check_agents, load_agents
 from bot.config.errors import ConfigError
-from bot.config.models import Config, Rule, ServerConfig, StoreConfig
+from bot.config.models import (
+    ApiConfig,
+    ApiScope,
+    ApiToken,
+    Config,
+    Rule,
+    ServerConfig,
+    StoreConfig,
+)
 from bot.config.predicates import AllOf, AnyOf, PredicateSpec
 from bot.config.reader import load_config
 from bot.config.values import Reviewer, parse_duration, parse_reviewer
@@ -29,6 +37,9 @@ from bot.config.values import Reviewer, parse_duration, parse_reviewer
 __all__ = [
     "AllOf",
     "AnyOf",
+    "ApiConfig",
+    "ApiScope",
+    "ApiToken",
     "Config",
     "ConfigError",
     "PredicateSpec",

@@ -1,6 +1,6 @@
-"""The file's sections as pydantic models: `StoreConfig`, `ServerConfig`, `Rule` and the
-whole file, `Config`, with the checks that span several keys (a rule's decision against
-its reviewers, reviewer groups, rules that can never match)."""
+"""The file's sections as pydantic models: `StoreConfig`, `ServerConfig`, `ApiConfig`,
+`Rule` and the whole file, `Config`, with the checks that span several keys (a rule's
+decision against its reviewers, reviewer groups, rules that can never match, API tokens)."""
 
 from __future__ import annotations
 
@@ -9,9 +9,16 @@ from collections.abc import Iterator, Mapping, Sequence
 from functools import cached_property
 from typing import Annotated, Any, Literal, TypeAlias
 
-from pydantic import Field, PrivateAttr, field_validator, model_validator
+from pydantic import (
+    BeforeValidator,
+    Field,
+    PrivateAttr,
+    SecretStr,
+    field_validator,
+    model_validator,
+)
 
-from bot.config.errors import KeyPath, Source, dotted, problem, problems
+from bot.config.errors import KeyPath, Source, dotted, problem, problems, shown
 from bot.config.predicates import PredicateSpec
 from bot.config.values import (
     ConfigModel,
@@ -59,6 +66,79 @@ class ServerConfig(ConfigModel):
     """The address to listen on; 0.0.0.0 for every interface."""
     port: Annotated[Count, Field(ge=1, le=65535)] = 8080
     """The TCP port, 1 to 65535."""
+
+
+ApiScope: TypeAlias = Literal["approvals:read", "approvals:decide", "runs:write"]
+"""What an API token may do: read approvals, decide them, start runs."""
+
+_MIN_TOKEN_LENGTH = 16
+
+
+def _secret(value: object) -> str:
+    # Problems never show the value: it is a secret, even when written in the file.
+    if isinstance(value, SecretStr):
+        value = value.get_secret_value()
+    if not isinstance(value, str):
+        kind = "a number" if isinstance(value, (int, float)) else shown(value)
+        raise problem(f"expected a secret string such as ${{NODBOT_TOKEN_ANA}}, not {kind}")
+    if len(value) < _MIN_TOKEN_LENGTH:
+        raise problem(f"a token needs at least {_MIN_TOKEN_LENGTH} characters")
+    return value
+
+
+Secret: TypeAlias = Annotated[SecretStr, BeforeValidator(_secret)]
+"""A secret string of at least 16 characters; never shown in a problem or a repr."""
+
+
+class ApiToken(ConfigModel):
+    """One bearer token of the HTTP API and who it stands for."""
+
+    name: Name
+    """The principal: recorded as `decided_by` for the decisions made with this token."""
+    token: Secret
+    """The secret itself, at least 16 characters; write it as `${NODBOT_TOKEN_<NAME>}` so it
+    stays out of the file."""
+    scopes: list[ApiScope]
+    """What the token may do: a non-empty subset of approvals:read, approvals:decide,
+    runs:write."""
+
+    @field_validator("scopes")
+    @classmethod
+    def _scopes(cls, value: list[ApiScope]) -> list[ApiScope]:
+        if not value:
+            raise problem("expected at least one of approvals:read, approvals:decide, runs:write")
+        if len(set(value)) != len(value):
+            raise problem(f"each scope may be listed once, not {value}")
+        return value
+
+
+class ApiConfig(ConfigModel):
+    """Who may call the HTTP API."""
+
+    tokens: list[ApiToken] = Field(default_factory=list)
+    """The accepted bearer tokens; names and tokens are unique. Without any, every request
+    that needs a token is refused."""
+
+    @field_validator("tokens")
+    @classmethod
+    def _unique(cls, value: list[ApiToken]) -> list[ApiToken]:
+        found: list[tuple[KeyPath, str]] = []
+        names: dict[str, int] = {}
+        secrets: dict[str, int] = {}
+        for index, entry in enumerate(value):
+            first = names.setdefault(entry.name, index)
+            if first != index:
+                found.append(
+                    ((index, "name"), f"the name {entry.name!r} is taken by api.tokens.{first}")
+                )
+            first = secrets.setdefault(entry.token.get_secret_value(), index)
+            if first != index:
+                found.append(
+                    ((index, "token"), f"the same token as api.tokens.{first}; give each its own")
+                )
+        if found:
+            raise problems(*found)
+        return value
 
 
 ReviewDecision: TypeAlias = Literal["approve", "edit", "deny"]
@@ -227,6 +307,8 @@ class Config(ConfigModel):
     """Read by the Slack channel, in a later version."""
     email: dict[str, Any] | None = None
     """Read by the email channel, in a later version."""
+    api: ApiConfig = Field(default_factory=ApiConfig)
+    """Who may call the HTTP API (bearer tokens and their scopes)."""
 
     _source: Source | None = PrivateAttr(default=None)
 

@@ -1,0 +1,216 @@
+"""The approvals API: a Starlette application over an `ApprovalStore`.
+
+| route                          | scope            | answers                               |
+|--------------------------------|------------------|---------------------------------------|
+| `GET /healthz`                 | none             | `{"status": "ok"}`, or 503            |
+| `GET /approvals`               | approvals:read   | the approvals, filtered               |
+| `GET /approvals/{id}`          | approvals:read   | one approval with its events          |
+| `POST /approvals/{id}/decide`  | approvals:decide | the approval, decided                 |
+
+A decision is recorded with `decided_by` set to the token's name and channel `api`, through
+`Executor.decide`, so an edit is validated with the tool's model before anything is recorded.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable, Sequence
+from typing import Any, TypeAlias, TypeVar
+
+from pydantic import BaseModel, ValidationError
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from bot.config import ApiToken
+from bot.http.auth import ApiError, TokenTable
+from bot.http.schemas import (
+    ApprovalDetail,
+    ApprovalView,
+    DecideBody,
+    ErrorBody,
+    EventView,
+    HealthView,
+    ListQuery,
+    field_errors,
+)
+from core import (
+    ApprovalAlreadyDecided,
+    ApprovalNotFound,
+    ApprovalRecord,
+    ApprovalStore,
+    Decision,
+    DeferredApproval,
+    Executor,
+    InvalidArgumentsError,
+    StoreError,
+    ToolRegistry,
+)
+
+__all__ = ["SELF_APPROVAL_REASON", "AuthorizeDecision", "create_app", "refuse_self_approval"]
+
+log = logging.getLogger(__name__)
+
+AuthorizeDecision: TypeAlias = Callable[[str, ApprovalRecord, Decision], "str | None"]
+"""`(principal, record, decision) -> reason to refuse, or None to allow`."""
+
+SELF_APPROVAL_REASON = "you started this run, so you may not approve its calls"
+CHANNEL = "api"
+
+_M = TypeVar("_M", bound=BaseModel)
+
+
+def refuse_self_approval(principal: str, record: ApprovalRecord, decision: Decision) -> str | None:
+    """The default `authorize_decision`: whoever started the run may deny its calls, not
+    approve or edit them."""
+    if decision.approved and record.request.requested_by == principal:
+        return SELF_APPROVAL_REASON
+    return None
+
+
+def create_app(
+    *,
+    store: ApprovalStore,
+    registry: ToolRegistry,
+    tokens: Sequence[ApiToken],
+    authorize_decision: AuthorizeDecision | None = None,
+) -> Starlette:
+    """The approvals API over `store`; edits are validated with the tools of `registry`.
+
+    `authorize_decision` may refuse a decision (403 with its reason); by default
+    `refuse_self_approval`.
+    """
+    api = _ApprovalsApi(store, registry, TokenTable(tokens), authorize_decision)
+    routes = [
+        Route("/healthz", api.health, methods=["GET"]),
+        Route("/approvals", api.list, methods=["GET"]),
+        Route("/approvals/{approval_id}", api.get, methods=["GET"]),
+        Route("/approvals/{approval_id}/decide", api.decide, methods=["POST"]),
+    ]
+    return Starlette(
+        routes=routes,
+        exception_handlers={
+            ApiError: _api_error,
+            HTTPException: _http_error,
+            StoreError: _store_error,
+        },
+    )
+
+
+class _ApprovalsApi:
+    """The route handlers, bound to one store, registry and token table."""
+
+    def __init__(
+        self,
+        store: ApprovalStore,
+        registry: ToolRegistry,
+        tokens: TokenTable,
+        authorize_decision: AuthorizeDecision | None,
+    ) -> None:
+        self.store = store
+        self.executor = Executor(registry, approval=DeferredApproval(store))
+        self.tokens = tokens
+        self.authorize = authorize_decision or refuse_self_approval
+
+    async def health(self, request: Request) -> Response:
+        try:
+            await self.store.list(limit=1)
+        except StoreError as exc:
+            log.warning("health check: the store cannot be used: %s", exc)
+            error = f"the approval store cannot be used ({exc.kind})"
+            return _json(HealthView(status="unavailable", error=error), status=503)
+        return _json(HealthView(status="ok"))
+
+    async def list(self, request: Request) -> Response:
+        self.tokens.require(request, "approvals:read")
+        query = _parse(ListQuery, dict(request.query_params), "invalid query parameters")
+        records = await self.store.list(run_id=query.run_id, status=query.status, limit=query.limit)
+        views = [ApprovalView.of(record).model_dump(mode="json") for record in records]
+        return JSONResponse(views)
+
+    async def get(self, request: Request) -> Response:
+        self.tokens.require(request, "approvals:read")
+        record = await self._record(request.path_params["approval_id"])
+        events = await self.store.events(record.approval_id)
+        detail = ApprovalDetail(
+            **ApprovalView.fields_of(record), events=[EventView.of(e) for e in events]
+        )
+        return _json(detail)
+
+    async def decide(self, request: Request) -> Response:
+        principal = self.tokens.require(request, "approvals:decide")
+        body = _parse(DecideBody, await _json_body(request), "invalid decision")
+        record = await self._record(request.path_params["approval_id"])
+        decision = body.to_decision(principal)
+        refused = self.authorize(principal, record, decision)
+        if refused is not None:
+            raise ApiError(403, refused, details={"approval_id": record.approval_id})
+        try:
+            decided = await self.executor.decide(
+                record.approval_id, decision, decided_by=principal, channel=CHANNEL
+            )
+        except ApprovalAlreadyDecided as exc:
+            first = f" by {exc.decided_by}" if exc.decided_by else ""
+            raise ApiError(
+                409, f"this approval was already decided{first}", details=exc.details()
+            ) from None
+        except InvalidArgumentsError as exc:
+            raise ApiError(
+                422, "the edited arguments are not valid for the tool", details=exc.details()
+            ) from None
+        log.info("approval %s %s by %s via api", decided.approval_id, decided.status, principal)
+        return _json(ApprovalView.of(decided))
+
+    async def _record(self, approval_id: str) -> ApprovalRecord:
+        try:
+            return await self.store.get(approval_id)
+        except ApprovalNotFound:
+            raise ApiError(
+                404, "no approval has this id", details={"approval_id": approval_id}
+            ) from None
+
+
+def _parse(model: type[_M], data: Any, what: str) -> _M:
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        errors = field_errors(exc)
+        fields = ", ".join(error["field"] for error in errors)
+        raise ApiError(422, f"{what}: {fields}", details={"errors": errors}) from None
+
+
+async def _json_body(request: Request) -> Any:
+    try:
+        return json.loads(await request.body())
+    except ValueError:
+        raise ApiError(422, "the body is not valid JSON", details={}) from None
+
+
+def _json(model: BaseModel, *, status: int = 200) -> Response:
+    return JSONResponse(model.model_dump(mode="json"), status_code=status)
+
+
+def _error(status: int, message: str, details: dict[str, Any], **headers: str) -> Response:
+    body = ErrorBody(error=message, details=details)
+    return JSONResponse(body.model_dump(mode="json"), status_code=status, headers=headers)
+
+
+async def _api_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, ApiError)
+    response = _error(exc.status, exc.message, exc.details)
+    response.headers.update(exc.headers)
+    return response
+
+
+async def _http_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, HTTPException)
+    return _error(exc.status_code, str(exc.detail), {}, **(exc.headers or {}))
+
+
+async def _store_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, StoreError)
+    log.warning("the store cannot be used: %s", exc)
+    return _error(503, "the approval store cannot be used now", {"kind": exc.kind})

@@ -1,0 +1,196 @@
+"""What crosses the HTTP boundary: request bodies, query parameters and response views, as
+pydantic models that refuse unknown fields."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
+
+from core import ApprovalEvent, ApprovalRecord, ApprovalStatus, Decision
+
+__all__ = [
+    "ApprovalDetail",
+    "ApprovalView",
+    "DecideBody",
+    "DecisionView",
+    "ErrorBody",
+    "EventView",
+    "HealthView",
+    "ListQuery",
+    "field_errors",
+]
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
+
+
+class ErrorBody(_Model):
+    """Every error response."""
+
+    error: str
+    """One sentence saying what went wrong."""
+    details: dict[str, Any] = Field(default_factory=dict)
+    """Structured facts: the offending fields, the missing scope, who decided first, ..."""
+
+
+class HealthView(_Model):
+    """`GET /healthz`."""
+
+    status: Literal["ok", "unavailable"]
+    """`ok` when the store answered."""
+    error: str | None = None
+    """Why the store could not be used, when it could not."""
+
+
+class ListQuery(_Model):
+    """The query parameters of `GET /approvals`."""
+
+    status: ApprovalStatus | None = None
+    """Only approvals in this state: pending, approved or denied."""
+    run_id: str | None = None
+    """Only the approvals of this run."""
+    limit: Annotated[int, Field(ge=1, le=500)] = 50
+    """At most this many, oldest first (1 to 500)."""
+
+
+class DecideBody(_Model):
+    """The body of `POST /approvals/{id}/decide`."""
+
+    action: Literal["approve", "edit", "deny"]
+    """`approve` runs the call, `edit` runs it with changed arguments, `deny` refuses it."""
+    arguments: dict[str, Any] | None = Field(default=None, validate_default=True)
+    """For `edit` only: the arguments to change; the others keep their values."""
+    reason: str | None = None
+    """Why; a denied call's model is told this reason."""
+
+    @field_validator("arguments")
+    @classmethod
+    def _only_for_edit(
+        cls, arguments: dict[str, Any] | None, info: ValidationInfo
+    ) -> dict[str, Any] | None:
+        action = info.data.get("action")
+        if action == "edit" and not arguments:
+            raise ValueError("an edit needs the arguments to change")
+        if action in ("approve", "deny") and arguments is not None:
+            raise ValueError(f"arguments go with action 'edit', not {action!r}")
+        return arguments
+
+    def to_decision(self, decided_by: str) -> Decision:
+        """The decision this body asks for, made by `decided_by`."""
+        return Decision(
+            approved=self.action != "deny",
+            edited_args=self.arguments if self.action == "edit" else None,
+            reason=self.reason,
+            decided_by=decided_by,
+        )
+
+
+class DecisionView(_Model):
+    """A recorded decision."""
+
+    approved: bool
+    """Whether the call may run."""
+    edited_args: dict[str, Any] | None
+    """The reviewer's changes to the arguments, if any."""
+    reason: str | None
+    """Why, if a reason was given."""
+    decided_by: str | None
+    """Who decided: the API token's name for decisions made here."""
+
+
+class EventView(_Model):
+    """One line of an approval's audit log."""
+
+    seq: int
+    """The event's position in the whole log."""
+    kind: str
+    """created, decided, consumed, finished or refused."""
+    at: datetime
+    """When it happened (UTC)."""
+    actor: str | None
+    """Who acted."""
+    channel: str | None
+    """Through which channel: api, slack, executor, ..."""
+    detail: dict[str, Any]
+    """The outcome, or the reason of a refusal."""
+
+    @classmethod
+    def of(cls, event: ApprovalEvent) -> EventView:
+        """The view of a stored event."""
+        return cls(
+            seq=event.seq,
+            kind=event.kind,
+            at=event.at,
+            actor=event.actor,
+            channel=event.channel,
+            detail=event.detail,
+        )
+
+
+class ApprovalView(_Model):
+    """A stored approval as the API shows it."""
+
+    approval_id: str
+    run_id: str
+    call_id: str
+    tool: str
+    arguments: dict[str, Any]
+    """The validated arguments of the call, as the reviewer sees them."""
+    status: ApprovalStatus
+    requested_by: str | None
+    """Who started the run."""
+    created_at: datetime
+    decision: DecisionView | None
+    decided_at: datetime | None
+    consumed: bool
+    """Whether a call has taken the decision (it is taken once)."""
+    finished: bool
+    """Whether the call that took the decision has ended."""
+    outcome: str | None
+    """How that call ended: ok, error, denied, ..."""
+
+    @classmethod
+    def fields_of(cls, record: ApprovalRecord) -> dict[str, Any]:
+        """The view's fields for a stored record."""
+        request, decision = record.request, record.decision
+        return {
+            "approval_id": record.approval_id,
+            "run_id": request.run_id,
+            "call_id": request.call_id,
+            "tool": request.tool,
+            "arguments": request.arguments,
+            "status": record.status,
+            "requested_by": request.requested_by,
+            "created_at": record.created_at,
+            "decision": None if decision is None else DecisionView(**decision.model_dump()),
+            "decided_at": record.decided_at,
+            "consumed": record.consumed,
+            "finished": record.finished,
+            "outcome": record.outcome,
+        }
+
+    @classmethod
+    def of(cls, record: ApprovalRecord) -> ApprovalView:
+        """The view of a stored record."""
+        return cls(**cls.fields_of(record))
+
+
+class ApprovalDetail(ApprovalView):
+    """An approval with its audit log: `GET /approvals/{id}`."""
+
+    events: list[EventView]
+    """Every change and refused attempt, oldest first."""
+
+
+def field_errors(error: ValidationError) -> list[dict[str, str]]:
+    """One `{"field", "message"}` per problem, fields dotted (`arguments.amount`)."""
+    return [
+        {
+            "field": ".".join(str(part) for part in detail["loc"]) or "(body)",
+            "message": detail["msg"].removeprefix("Value error, "),
+        }
+        for detail in error.errors(include_url=False)
+    ]
