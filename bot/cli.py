@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import sys
 from collections.abc import Sequence
 
 from bot.config import ConfigError, check_agents, load_config
+from bot.serve import serve
 from core import NodbotError, SqlApprovalStore, __version__
 from core.sqlstore import head_revision
 
@@ -40,6 +42,14 @@ def build_parser() -> argparse.ArgumentParser:
         "every problem is printed with its file, line and key.",
     )
     check.add_argument("file", metavar="FILE", help="the YAML file, e.g. nodbot.yml")
+    serve = commands.add_parser(
+        "serve",
+        help="run the bot: the HTTP API and the workers that resume runs",
+        description="Run the bot of a configuration file until stopped (Ctrl-C).",
+    )
+    serve.add_argument("--config", default="nodbot.yml", metavar="FILE", help="nodbot.yml")
+    serve.add_argument("--host", help="listen address (default: server.host of the file)")
+    serve.add_argument("--port", type=int, help="port (default: server.port; 0 picks one)")
     return parser
 
 
@@ -74,6 +84,14 @@ def _check_config(file: str) -> int:
     return 0
 
 
+def _serve(config_file: str, host: str | None, port: int | None) -> None:
+    def announce(line: str) -> None:
+        print(line, flush=True)
+
+    with contextlib.suppress(KeyboardInterrupt):
+        asyncio.run(serve(config_file, host=host, port=port, announce=announce))
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command; returns the exit status."""
     parser = build_parser()
@@ -84,7 +102,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     if arguments.command == "check-config":
         return _check_config(arguments.file)
     try:
-        print(asyncio.run(_migrate(arguments.store)))
+        if arguments.command == "serve":
+            _serve(arguments.config, arguments.host, arguments.port)
+        else:
+            print(asyncio.run(_migrate(arguments.store)))
+    except ConfigError as error:
+        for problem in error.problems:
+            print(problem, file=sys.stderr)
+        return 1
     except NodbotError as error:
         print(f"nodbot: {error}", file=sys.stderr)
         return 1

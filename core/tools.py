@@ -19,7 +19,7 @@ import asyncio
 import hashlib
 import inspect
 import json
-from collections.abc import Awaitable, Callable, Iterator, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, TypeAlias, get_type_hints, overload
 
@@ -216,6 +216,24 @@ class ToolRegistry:
         )
         self._tools[tool_name] = tool
         return tool
+
+    @classmethod
+    def merged(cls, registries: Iterable[ToolRegistry]) -> ToolRegistry:
+        """One registry with the tools of all `registries` (several agents share tools).
+
+        Raises `ConfigurationError` when two of them give one name to different tools.
+        """
+        merged = cls()
+        for registry in registries:
+            for tool in registry:
+                known = merged._tools.get(tool.name)
+                if known is not None and known.function is not tool.function:
+                    raise ConfigurationError(
+                        f"two different tools are named {tool.name!r}; tool names must be "
+                        "unique across the agents of one bot"
+                    )
+                merged._tools[tool.name] = tool
+        return merged
 
     def get(self, name: str) -> Tool:
         """The tool called `name`. Raises `UnknownToolError`."""

@@ -64,8 +64,8 @@ class ServerConfig(ConfigModel):
 
     host: str = "127.0.0.1"
     """The address to listen on; 0.0.0.0 for every interface."""
-    port: Annotated[Count, Field(ge=1, le=65535)] = 8080
-    """The TCP port, 1 to 65535."""
+    port: Annotated[Count, Field(ge=0, le=65535)] = 8080
+    """The TCP port, 1 to 65535; 0 lets the system pick a free one (the bot prints it)."""
 
 
 ApiScope: TypeAlias = Literal["approvals:read", "approvals:decide", "runs:write"]

@@ -13,12 +13,11 @@ A decision is recorded with `decided_by` set to the token's name and channel `ap
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Callable, Sequence
 from typing import Any, TypeAlias, TypeVar
 
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
@@ -27,6 +26,8 @@ from starlette.routing import Route
 
 from bot.config import ApiToken
 from bot.http.auth import ApiError, TokenTable
+from bot.http.common import json_body, json_response, parse
+from bot.http.runs import run_routes
 from bot.http.schemas import (
     ApprovalDetail,
     ApprovalView,
@@ -35,8 +36,8 @@ from bot.http.schemas import (
     EventView,
     HealthView,
     ListQuery,
-    field_errors,
 )
+from bot.service import BotService
 from core import (
     ApprovalAlreadyDecided,
     ApprovalNotFound,
@@ -77,19 +78,25 @@ def create_app(
     registry: ToolRegistry,
     tokens: Sequence[ApiToken],
     authorize_decision: AuthorizeDecision | None = None,
+    service: BotService | None = None,
 ) -> Starlette:
     """The approvals API over `store`; edits are validated with the tools of `registry`.
 
     `authorize_decision` may refuse a decision (403 with its reason); by default
-    `refuse_self_approval`.
+    `refuse_self_approval`. With a `service`, the runs API is served too, and every decision
+    wakes its workers.
     """
-    api = _ApprovalsApi(store, registry, TokenTable(tokens), authorize_decision)
+    table = TokenTable(tokens)
+    on_decided = service.decided if service is not None else None
+    api = _ApprovalsApi(store, registry, table, authorize_decision, on_decided)
     routes = [
         Route("/healthz", api.health, methods=["GET"]),
         Route("/approvals", api.list, methods=["GET"]),
         Route("/approvals/{approval_id}", api.get, methods=["GET"]),
         Route("/approvals/{approval_id}/decide", api.decide, methods=["POST"]),
     ]
+    if service is not None:
+        routes += run_routes(service, table)
     return Starlette(
         routes=routes,
         exception_handlers={
@@ -109,11 +116,13 @@ class _ApprovalsApi:
         registry: ToolRegistry,
         tokens: TokenTable,
         authorize_decision: AuthorizeDecision | None,
+        on_decided: Callable[[], None] | None,
     ) -> None:
         self.store = store
         self.executor = Executor(registry, approval=DeferredApproval(store))
         self.tokens = tokens
         self.authorize = authorize_decision or refuse_self_approval
+        self.on_decided = on_decided
 
     async def health(self, request: Request) -> Response:
         try:
@@ -121,12 +130,12 @@ class _ApprovalsApi:
         except StoreError as exc:
             log.warning("health check: the store cannot be used: %s", exc)
             error = f"the approval store cannot be used ({exc.kind})"
-            return _json(HealthView(status="unavailable", error=error), status=503)
-        return _json(HealthView(status="ok"))
+            return json_response(HealthView(status="unavailable", error=error), status=503)
+        return json_response(HealthView(status="ok"))
 
     async def list(self, request: Request) -> Response:
         self.tokens.require(request, "approvals:read")
-        query = _parse(ListQuery, dict(request.query_params), "invalid query parameters")
+        query = parse(ListQuery, dict(request.query_params), "invalid query parameters")
         records = await self.store.list(run_id=query.run_id, status=query.status, limit=query.limit)
         views = [ApprovalView.of(record).model_dump(mode="json") for record in records]
         return JSONResponse(views)
@@ -138,11 +147,11 @@ class _ApprovalsApi:
         detail = ApprovalDetail(
             **ApprovalView.fields_of(record), events=[EventView.of(e) for e in events]
         )
-        return _json(detail)
+        return json_response(detail)
 
     async def decide(self, request: Request) -> Response:
         principal = self.tokens.require(request, "approvals:decide")
-        body = _parse(DecideBody, await _json_body(request), "invalid decision")
+        body = parse(DecideBody, await json_body(request), "invalid decision")
         record = await self._record(request.path_params["approval_id"])
         decision = body.to_decision(principal)
         refused = self.authorize(principal, record, decision)
@@ -162,7 +171,9 @@ class _ApprovalsApi:
                 422, "the edited arguments are not valid for the tool", details=exc.details()
             ) from None
         log.info("approval %s %s by %s via api", decided.approval_id, decided.status, principal)
-        return _json(ApprovalView.of(decided))
+        if self.on_decided is not None:
+            self.on_decided()  # the run may be ready to go on
+        return json_response(ApprovalView.of(decided))
 
     async def _record(self, approval_id: str) -> ApprovalRecord:
         try:
@@ -171,26 +182,6 @@ class _ApprovalsApi:
             raise ApiError(
                 404, "no approval has this id", details={"approval_id": approval_id}
             ) from None
-
-
-def _parse(model: type[_M], data: Any, what: str) -> _M:
-    try:
-        return model.model_validate(data)
-    except ValidationError as exc:
-        errors = field_errors(exc)
-        fields = ", ".join(error["field"] for error in errors)
-        raise ApiError(422, f"{what}: {fields}", details={"errors": errors}) from None
-
-
-async def _json_body(request: Request) -> Any:
-    try:
-        return json.loads(await request.body())
-    except ValueError:
-        raise ApiError(422, "the body is not valid JSON", details={}) from None
-
-
-def _json(model: BaseModel, *, status: int = 200) -> Response:
-    return JSONResponse(model.model_dump(mode="json"), status_code=status)
 
 
 def _error(status: int, message: str, details: dict[str, Any], **headers: str) -> Response:

@@ -693,3 +693,27 @@ def test_len_in_and_iteration(registry: ToolRegistry, refund: Tool) -> None:
     assert "nope" not in registry
     assert 1 not in registry
     assert None not in registry
+
+
+def test_merged_registries_share_tools_and_refuse_clashing_names() -> None:
+    first, second = ToolRegistry(), ToolRegistry()
+
+    def lookup(order_id: str) -> str:
+        return order_id
+
+    first.add(lookup)
+    second.add(lookup)
+
+    @second.tool
+    def refund(amount: float) -> float:
+        return amount
+
+    merged = ToolRegistry.merged([first, second])
+    assert sorted(tool.name for tool in merged) == ["lookup", "refund"]
+
+    @first.tool(name="refund")
+    def other_refund(amount: float) -> float:
+        return -amount
+
+    with pytest.raises(ConfigurationError, match="two different tools are named 'refund'"):
+        ToolRegistry.merged([first, second])

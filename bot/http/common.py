@@ -1,0 +1,40 @@
+"""Helpers every route module shares: parsing bodies and queries, JSON responses."""
+
+from __future__ import annotations
+
+import json
+from typing import Any, TypeVar
+
+from pydantic import BaseModel, ValidationError
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from bot.http.auth import ApiError
+from bot.http.schemas import field_errors
+
+__all__ = ["json_body", "json_response", "parse"]
+
+_M = TypeVar("_M", bound=BaseModel)
+
+
+def parse(model: type[_M], data: Any, what: str) -> _M:
+    """`data` as a `model`; a 422 `ApiError` listing every invalid field otherwise."""
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        errors = field_errors(exc)
+        fields = ", ".join(error["field"] for error in errors)
+        raise ApiError(422, f"{what}: {fields}", details={"errors": errors}) from None
+
+
+async def json_body(request: Request) -> Any:
+    """The request's body parsed as JSON; a 422 `ApiError` otherwise."""
+    try:
+        return json.loads(await request.body())
+    except ValueError:
+        raise ApiError(422, "the body is not valid JSON", details={}) from None
+
+
+def json_response(model: BaseModel, *, status: int = 200) -> Response:
+    """The model as a JSON response."""
+    return JSONResponse(model.model_dump(mode="json"), status_code=status)

@@ -1,0 +1,97 @@
+"""The runs API: start a run of a configured agent, and follow it.
+
+| route               | scope          | answers                                          |
+|---------------------|----------------|--------------------------------------------------|
+| `POST /runs`        | runs:write     | 201, the run as far as it went without a person  |
+| `GET /runs/{id}`    | approvals:read | the run, with the approvals its calls wait for   |
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated
+
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from bot.http.auth import ApiError, TokenTable
+from bot.http.common import json_body, json_response, parse
+from bot.http.schemas import ApprovalView
+from bot.service import BotService, UnknownAgentError
+from core import RunNotFound, RunRecord, RunStatus
+
+__all__ = ["RunBody", "RunView", "run_routes"]
+
+
+class RunBody(BaseModel):
+    """What starts a run."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    agent: str
+    """The name of a configured agent."""
+    input: Annotated[str, StringConstraints(min_length=1, max_length=20_000)]
+    """What the person asked the agent."""
+    requested_by: str | None = None
+    """Who asked (a Slack user id, an address); by default the token's name. The requester
+    may not approve the run's calls."""
+
+
+class RunView(BaseModel):
+    """A run as the API shows it."""
+
+    run_id: str
+    agent: str
+    status: RunStatus
+    requested_by: str | None
+    final_text: str | None
+    """The agent's answer, once the run has finished."""
+    error: str | None
+    created_at: datetime
+    updated_at: datetime
+    pending: list[ApprovalView] = Field(default_factory=list)
+    """The approvals the run waits for."""
+
+
+def run_routes(service: BotService, tokens: TokenTable) -> list[Route]:
+    """The routes of the runs API over `service`."""
+
+    async def start(request: Request) -> Response:
+        principal = tokens.require(request, "runs:write")
+        body = parse(RunBody, await json_body(request), "invalid run")
+        try:
+            run = await service.start_run(body.agent, body.input, body.requested_by or principal)
+        except UnknownAgentError as exc:
+            raise ApiError(422, str(exc), details={"agent": exc.agent}) from None
+        return json_response(await _view(service, run), status=201)
+
+    async def show(request: Request) -> Response:
+        tokens.require(request, "approvals:read")
+        run_id = request.path_params["run_id"]
+        try:
+            run = await service.store.get_run(run_id)
+        except RunNotFound:
+            raise ApiError(404, "no run has this id", details={"run_id": run_id}) from None
+        return json_response(await _view(service, run))
+
+    return [
+        Route("/runs", start, methods=["POST"]),
+        Route("/runs/{run_id}", show, methods=["GET"]),
+    ]
+
+
+async def _view(service: BotService, run: RunRecord) -> RunView:
+    pending = await service.store.list(run_id=run.run_id, status="pending")
+    return RunView(
+        run_id=run.run_id,
+        agent=run.agent,
+        status=run.status,
+        requested_by=run.requested_by,
+        final_text=run.final_text,
+        error=run.error,
+        created_at=run.created_at,
+        updated_at=run.updated_at,
+        pending=[ApprovalView.of(record) for record in pending],
+    )

@@ -1,0 +1,100 @@
+"""`nodbot serve`: one process, one event loop: the HTTP API served by uvicorn, and the
+workers that move runs on (`BotService.work`), over the store of the configuration."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+
+import uvicorn
+
+from bot.config import ConfigError, check_agents, load_agents, load_config
+from bot.http import create_app
+from bot.service import BotService
+from core import SqlApprovalStore
+
+__all__ = ["Served", "serve", "serving"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Served:
+    """A running bot: where it listens and what it serves."""
+
+    url: str
+    """The base URL of the HTTP API, e.g. http://127.0.0.1:8080."""
+    store_url: str
+    """The store's URL, password hidden."""
+    service: BotService
+    stopped: asyncio.Task[None]
+    """Done when the HTTP server has stopped (it stops on SIGINT and SIGTERM)."""
+
+
+@contextlib.asynccontextmanager
+async def serving(
+    config_file: str, *, host: str | None = None, port: int | None = None
+) -> AsyncIterator[Served]:
+    """Start the bot of `config_file` (port 0 picks a free port) and stop it on exit.
+
+    Raises `ConfigError` listing every problem of the file or its agents, and `StoreError`
+    when the store cannot be used.
+    """
+    config = load_config(config_file)
+    problems = check_agents(config)
+    if problems:
+        raise ConfigError(problems)
+    agents, _ = load_agents(config)
+    store = SqlApprovalStore(config.store.url, auto_migrate=config.store.auto_migrate)
+    try:
+        await store.open()
+        service = BotService(config, store, agents)
+        app = create_app(
+            store=store, registry=service.registry, tokens=config.api.tokens, service=service
+        )
+        server = uvicorn.Server(
+            uvicorn.Config(
+                app,
+                host=host or config.server.host,
+                port=config.server.port if port is None else port,
+                log_level="warning",
+            )
+        )
+        stop = asyncio.Event()
+        serving_task = asyncio.create_task(server.serve())
+        working_task = asyncio.create_task(service.work(stop))
+        try:
+            await _started(server, serving_task)
+            bound_host, bound_port = server.servers[0].sockets[0].getsockname()[:2]
+            url = f"http://{bound_host}:{bound_port}"
+            yield Served(url, store.display_url, service, serving_task)
+        finally:
+            server.should_exit = True
+            stop.set()
+            await asyncio.gather(serving_task, working_task, return_exceptions=True)
+    finally:
+        await store.close()
+
+
+async def _started(server: uvicorn.Server, task: asyncio.Task[None]) -> None:
+    while not server.started:
+        if task.done():
+            task.result()  # raises what stopped it
+            raise OSError("the HTTP server stopped before it started")
+        await asyncio.sleep(0.01)
+
+
+async def serve(
+    config_file: str,
+    *,
+    host: str | None = None,
+    port: int | None = None,
+    announce: Callable[[str], None] = print,
+) -> None:
+    """Run the bot until the process is told to stop (Ctrl-C, SIGTERM)."""
+    async with serving(config_file, host=host, port=port) as served:
+        announce(f"nodbot: serving {served.url} (store {served.store_url})")
+        await asyncio.shield(served.stopped)

@@ -1,0 +1,144 @@
+"""The bot's work: start runs, and keep moving them on as reviewers decide and deadlines pass.
+
+```
+POST /runs ──► start_run ──► running ──► waiting (calls wait for review)
+decision (API, later Slack, email) ──► wake ──┐
+deadline passed ──────────────────────────────┤
+                                             ▼
+                  work(): expire_due, then claim_ready ──► advance_run ──► finished / waiting
+```
+
+The store is the source of truth: `work` wakes at once when this process records a decision,
+and otherwise looks every `poll` seconds, so decisions made by another process (or a replica)
+are picked up too, and a restarted bot finishes what a crashed one left.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import socket
+from collections.abc import Mapping
+from typing import Protocol
+
+from bot.config import Config
+from bot.policy import rules_executor
+from core import (
+    Agent,
+    ApprovalStore,
+    Executor,
+    RunConflict,
+    RunRecord,
+    RunStore,
+    StoreError,
+    ToolRegistry,
+    advance_run,
+)
+
+__all__ = ["DEFAULT_POLL", "BotService", "BotStore", "UnknownAgentError"]
+
+log = logging.getLogger(__name__)
+
+DEFAULT_POLL = 0.5
+"""Seconds between two looks at the store when nothing wakes the workers."""
+
+
+class BotStore(ApprovalStore, RunStore, Protocol):
+    """A store of both approvals and runs (`SqlApprovalStore`)."""
+
+
+class UnknownAgentError(LookupError):
+    """A run was asked of an agent the configuration does not name."""
+
+    def __init__(self, agent: str, known: list[str]) -> None:
+        super().__init__(f"unknown agent {agent!r}; configured agents: {', '.join(known)}")
+        self.agent = agent
+
+
+class BotService:
+    """The configured agents over one store, and the worker loop that continues their runs."""
+
+    def __init__(
+        self,
+        config: Config,
+        store: BotStore,
+        agents: Mapping[str, Agent],
+        *,
+        worker: str | None = None,
+        poll: float = DEFAULT_POLL,
+    ) -> None:
+        self.config = config
+        self.store = store
+        self.agents = dict(agents)
+        self.worker = worker or f"{socket.gethostname()}:{os.getpid()}"
+        self.poll = poll
+        self.registry = ToolRegistry.merged(agent.tools for agent in self.agents.values())
+        self._executors: dict[str, Executor] = {
+            name: rules_executor(agent.tools, config, store) for name, agent in agents.items()
+        }
+        self._wake = asyncio.Event()
+
+    def agent(self, name: str) -> Agent:
+        """The agent called `name`. Raises `UnknownAgentError`."""
+        try:
+            return self.agents[name]
+        except KeyError:
+            raise UnknownAgentError(name, sorted(self.agents)) from None
+
+    async def start_run(self, agent: str, text: str, requested_by: str | None) -> RunRecord:
+        """Start a run of `agent` on `text` and take it as far as it goes without a person."""
+        chosen = self.agent(agent)
+        run = await self.store.create_run(
+            agent=agent,
+            messages=chosen.first_messages(text),
+            worker=self.worker,
+            requested_by=requested_by,
+        )
+        return await self._advance(run)
+
+    def decided(self) -> None:
+        """Tell the workers a decision was recorded here: a run may be ready now."""
+        self._wake.set()
+
+    async def step(self) -> int:
+        """Time out overdue reviews, then continue every run that is ready; how many ran."""
+        if await self.store.expire_due():
+            log.info("reviews timed out")
+        advanced = 0
+        while claimed := await self.store.claim_ready(worker=self.worker):
+            for run in claimed:
+                await self._advance(run)
+                advanced += 1
+        return advanced
+
+    async def work(self, stop: asyncio.Event) -> None:
+        """Run `step` whenever woken, and at least every `poll` seconds, until `stop` is set."""
+        while not stop.is_set():
+            self._wake.clear()
+            try:
+                await self.step()
+            except StoreError:
+                log.exception("the store cannot be used; trying again in %s s", self.poll)
+            waiting = [asyncio.ensure_future(self._wake.wait()), asyncio.ensure_future(stop.wait())]
+            try:
+                await asyncio.wait(waiting, timeout=self.poll, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                for task in waiting:
+                    task.cancel()
+
+    async def _advance(self, run: RunRecord) -> RunRecord:
+        agent = self.agents.get(run.agent)
+        if agent is None:
+            error = f"agent {run.agent!r} is not configured any more"
+            return await self.store.save_run(
+                run, status="failed", messages=run.messages, error=error
+            )
+        try:
+            return await advance_run(
+                run, agent=agent, executor=self._executors[run.agent], runs=self.store
+            )
+        except RunConflict:
+            # Another worker took the run over (this one was too slow): its work stands.
+            log.warning("run %s was taken over by another worker", run.run_id)
+            return await self.store.get_run(run.run_id)

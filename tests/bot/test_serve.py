@@ -1,0 +1,170 @@
+"""The bot end to end: `nodbot serve` starts runs, posts nothing it should not, waits for a
+decision made over HTTP, and finishes the run with the same run id, the tool run once."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from bot.serve import Served, serving
+from tests.bot.test_cli import nodbot
+
+ROOT = Path(__file__).resolve().parents[2]
+TOKENS = {"NODBOT_TOKEN_ANA": "token-of-ana-000000", "NODBOT_TOKEN_LEAD": "token-of-lead-00000"}
+
+
+def config(tmp_path: Path) -> Path:
+    path = tmp_path / "nodbot.yml"
+    path.write_text(
+        f"""
+store:
+  url: sqlite:///{tmp_path / "nodbot.db"}
+server:
+  host: 127.0.0.1
+  port: 0
+api:
+  tokens:
+    - name: ana
+      token: ${{NODBOT_TOKEN_ANA}}
+      scopes: [runs:write, approvals:read]
+    - name: U0123LEADS
+      token: ${{NODBOT_TOKEN_LEAD}}
+      scopes: [approvals:read, approvals:decide]
+agents:
+  support: examples.support_agent:agent
+rules:
+  - tool: refund
+    when: {{gt: {{amount: 100}}}}
+    reviewers: [U0123LEADS]
+"""
+    )
+    return path
+
+
+def as_(name: str) -> dict[str, str]:
+    secret = TOKENS["NODBOT_TOKEN_ANA" if name == "ana" else "NODBOT_TOKEN_LEAD"]
+    return {"Authorization": f"Bearer {secret}"}
+
+
+async def until_finished(client: httpx.AsyncClient, run_id: str) -> dict[str, Any]:
+    """The run once it has finished; the workers were woken by the decision."""
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        run: dict[str, Any] = (await client.get(f"/runs/{run_id}", headers=as_("lead"))).json()
+        if run["status"] in ("finished", "failed"):
+            return run
+        await asyncio.sleep(0.02)
+    raise AssertionError(f"run {run_id} did not finish: {run}")
+
+
+async def approve_flow(client: httpx.AsyncClient) -> None:
+    """Start a run, see its refund wait, approve it, see the run finish and the tool run once."""
+    started = await client.post(
+        "/runs",
+        json={"agent": "support", "input": "Refund order A-1001", "requested_by": "U0999CAROL"},
+        headers=as_("ana"),
+    )
+    assert started.status_code == 201, started.text
+    run = started.json()
+    assert run["status"] == "waiting"
+    [pending] = run["pending"]
+    assert (pending["tool"], pending["arguments"]) == (
+        "refund",
+        {"order_id": "A-1001", "amount": 120.0},
+    )
+    decided = await client.post(
+        f"/approvals/{pending['approval_id']}/decide",
+        json={"action": "approve"},
+        headers=as_("lead"),
+    )
+    assert decided.status_code == 200, decided.text
+    finished = await until_finished(client, run["run_id"])
+    assert finished["status"] == "finished"
+    assert finished["final_text"] == "The refund of 120.0 on order A-1001 is done."
+    assert finished["pending"] == []
+    approval = (
+        await client.get(f"/approvals/{pending['approval_id']}", headers=as_("lead"))
+    ).json()
+    assert (approval["consumed"], approval["finished"], approval["outcome"]) == (True, True, "ok")
+    assert approval["decision"]["decided_by"] == "U0123LEADS"
+    assert approval["run_id"] == run["run_id"]
+
+
+@pytest.fixture
+async def served(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[Served]:
+    for name, value in TOKENS.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.chdir(ROOT)  # where examples.support_agent is found
+    async with serving(str(config(tmp_path))) as bot:
+        yield bot
+
+
+async def test_a_run_waits_for_the_decision_then_finishes(served: Served) -> None:
+    async with httpx.AsyncClient(base_url=served.url) as client:
+        await approve_flow(client)
+
+
+async def test_runs_need_the_runs_write_scope_and_a_known_agent(served: Served) -> None:
+    async with httpx.AsyncClient(base_url=served.url) as client:
+        body = {"agent": "support", "input": "hi"}
+        refused = await client.post("/runs", json=body, headers=as_("lead"))
+        assert refused.status_code == 403
+        assert "runs:write" in refused.json()["error"]
+        unknown = await client.post("/runs", json={**body, "agent": "sales"}, headers=as_("ana"))
+        assert unknown.status_code == 422
+        assert "unknown agent 'sales'" in unknown.json()["error"]
+        missing = await client.get("/runs/run_nope", headers=as_("ana"))
+        assert missing.status_code == 404
+
+
+async def test_the_requester_may_not_approve_the_runs_calls(served: Served) -> None:
+    async with httpx.AsyncClient(base_url=served.url) as client:
+        started = await client.post(
+            "/runs",
+            json={"agent": "support", "input": "Refund", "requested_by": "U0123LEADS"},
+            headers=as_("ana"),
+        )
+        [pending] = started.json()["pending"]
+        decided = await client.post(
+            f"/approvals/{pending['approval_id']}/decide",
+            json={"action": "approve"},
+            headers=as_("lead"),
+        )
+        assert decided.status_code == 403
+
+
+def test_nodbot_serve_runs_the_bot_until_interrupted(tmp_path: Path) -> None:
+    command = [nodbot(), "serve", "--config", str(config(tmp_path))]
+    environment = {**os.environ, **TOKENS}
+    with subprocess.Popen(
+        command,
+        cwd=ROOT,
+        env=environment,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    ) as process:
+        try:
+            assert process.stdout is not None
+            line = process.stdout.readline()  # the bot says where it serves, once it does
+            assert line.startswith("nodbot: serving http://127.0.0.1:"), line
+
+            async def flow() -> None:
+                async with httpx.AsyncClient(base_url=line.split()[2]) as client:
+                    await approve_flow(client)
+
+            asyncio.run(flow())
+            process.send_signal(signal.SIGINT)
+            assert process.wait(timeout=20) == 0
+        finally:
+            if process.poll() is None:
+                process.kill()
