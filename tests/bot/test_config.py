@@ -470,7 +470,7 @@ def test_an_unknown_rule_key_names_the_dotted_path(tmp_path: Path) -> None:
     ("text", "expected"),
     [
         ("server:\n  port: http\n", ":2: server.port: Input should be a valid integer"),
-        ("server:\n  port: 0\n", ":2: server.port: Input should be greater than or equal to 1"),
+        ("server:\n  port: -1\n", ":2: server.port: Input should be greater than or equal to 0"),
         ("server:\n  port: 65536\n", ":2: server.port: Input should be less than or equal"),
         ("store:\n  auto_migrate: maybe\n", ":2: store.auto_migrate: Input should be a valid"),
         ("store:\n  url: mysql://x/y\n", ":2: store.url: expected sqlite:///path.db, postgres"),
