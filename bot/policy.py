@@ -19,9 +19,11 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from datetime import datetime, timedelta
+from typing import Any
 
-from bot.config import Config
+from bot.config import Config, Rule
 from core import (
+    ApprovalRecord,
     ApprovalRequest,
     ApprovalStore,
     Decided,
@@ -34,7 +36,9 @@ from core import (
 )
 from core.store import utc_now
 
-__all__ = ["RulesPort", "rules_executor"]
+__all__ = ["SELF_APPROVAL_REASON", "RulesPort", "authorize_by_rules", "rules_executor"]
+
+SELF_APPROVAL_REASON = "you started this run, so you may not approve its calls"
 
 NO_RULE = "nodbot:no-rule"
 """Who `decided` a call that no rule covers: nobody had to."""
@@ -61,12 +65,50 @@ class RulesPort(DeferredApproval):
             if rule.decision == "deny":
                 reason = rule.description or f"denied by rule {index} of the configuration"
                 return Decided(Decision(approved=False, reason=reason, decided_by=by))
+            request = replace(request, policy=self._policy(index, rule))
             if rule.timeout is not None:
                 # Only a new review takes this deadline: an existing one keeps its own.
                 deadline = self._clock() + timedelta(seconds=rule.timeout)
                 request = replace(request, deadline=deadline, on_timeout=rule.timeout_decision)
             return await super().request(request)
         return Decided(Decision(approved=True, decided_by=NO_RULE))
+
+    def _policy(self, index: int, rule: Rule) -> dict[str, Any]:
+        """What the rule says about the review, kept with it for the channels."""
+        reviewers = self.config.expand(rule.reviewers or [])
+        return {
+            "rule": index,
+            "description": rule.description,
+            "reviewers": [reviewer.text for reviewer in reviewers],
+            "allowed_decisions": list(rule.allowed_decisions),
+            "editable": None if rule.editable is None else list(rule.editable),
+            "approvals_required": rule.approvals_required,
+            "allow_self_approval": rule.allow_self_approval,
+        }
+
+
+def authorize_by_rules(principal: str, record: ApprovalRecord, decision: Decision) -> str | None:
+    """Whether `principal` may make `decision` on `record`, by the policy its rule left with
+    it: None to allow, or the reason to refuse. Reviewers are matched by their id or address
+    (case-insensitively); members of Slack channels and user groups are checked in Slack."""
+    policy = record.request.policy
+    action = "deny" if not decision.approved else "edit" if decision.edited_args else "approve"
+    own = record.request.requested_by == principal
+    if action != "deny" and own and not policy.get("allow_self_approval", False):
+        return SELF_APPROVAL_REASON
+    reviewers = [str(reviewer).lower() for reviewer in policy.get("reviewers", [])]
+    if reviewers and principal.lower() not in reviewers:
+        return "you are not one of the reviewers of this call"
+    allowed = policy.get("allowed_decisions")
+    if allowed is not None and action not in allowed:
+        return f"this call may not be decided with {action!r}; allowed: {', '.join(allowed)}"
+    editable = policy.get("editable")
+    if action == "edit" and editable is not None and decision.edited_args:
+        fixed = sorted(set(decision.edited_args) - set(editable))
+        if fixed:
+            may = ", ".join(editable) or "nothing"
+            return f"{', '.join(fixed)} may not be edited here (editable: {may})"
+    return None
 
 
 def rules_executor(

@@ -13,6 +13,7 @@ import uvicorn
 
 from bot.config import ConfigError, check_agents, load_agents, load_config
 from bot.http import create_app
+from bot.policy import authorize_by_rules
 from bot.service import BotService
 from core import SqlApprovalStore
 
@@ -53,7 +54,11 @@ async def serving(
         await store.open()
         service = BotService(config, store, agents)
         app = create_app(
-            store=store, registry=service.registry, tokens=config.api.tokens, service=service
+            store=store,
+            registry=service.registry,
+            tokens=config.api.tokens,
+            authorize_decision=authorize_by_rules,
+            service=service,
         )
         server = uvicorn.Server(
             uvicorn.Config(

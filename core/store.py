@@ -90,6 +90,9 @@ class ApprovalRequest:
     """When nobody has decided by then, `expire_due` decides with `on_timeout`."""
     on_timeout: Literal["approve", "deny"] = "deny"
     """What a review that timed out becomes (recorded as decided by `nodbot:timeout`)."""
+    policy: dict[str, Any] = field(default_factory=dict)
+    """What the bot's rules say about this review (who may decide, which decisions, which
+    arguments may be edited); JSON values, stored as given and read by the channels."""
 
     @property
     def interrupt(self) -> ToolInterrupt:

@@ -37,6 +37,7 @@ from bot.http.schemas import (
     HealthView,
     ListQuery,
 )
+from bot.policy import SELF_APPROVAL_REASON
 from bot.service import BotService
 from core import (
     ApprovalAlreadyDecided,
@@ -58,7 +59,6 @@ log = logging.getLogger(__name__)
 AuthorizeDecision: TypeAlias = Callable[[str, ApprovalRecord, Decision], "str | None"]
 """`(principal, record, decision) -> reason to refuse, or None to allow`."""
 
-SELF_APPROVAL_REASON = "you started this run, so you may not approve its calls"
 CHANNEL = "api"
 
 _M = TypeVar("_M", bound=BaseModel)

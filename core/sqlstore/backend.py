@@ -51,6 +51,7 @@ COLUMN_NAMES = (
     "outcome",
     "deadline",
     "on_timeout",
+    "policy",
 )
 """The columns of `approvals` that make a record (`seq` only orders them)."""
 COLUMNS = ", ".join(COLUMN_NAMES)

@@ -42,8 +42,8 @@ _SELECT_ONE = f"SELECT {COLUMNS} FROM approvals WHERE approval_id = $1"
 _CREATE = f"""
 WITH inserted AS (
     INSERT INTO approvals (approval_id, run_id, call_id, tool, arguments, digest,
-                           requested_by, status, created_at, deadline, on_timeout)
-    VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $11, $12)
+                           requested_by, status, created_at, deadline, on_timeout, policy)
+    VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $11, $12, $13)
     ON CONFLICT (run_id, call_id) WHERE finished_at IS NULL DO NOTHING
     RETURNING {COLUMNS}
 ), logged AS (
@@ -193,7 +193,7 @@ class PostgresBackend:
         arguments = (
             row["approval_id"], row["run_id"], row["call_id"], row["tool"], row["arguments"],
             row["digest"], row["requested_by"], row["status"], row["created_at"], event_at,
-            row["deadline"], row["on_timeout"],
+            row["deadline"], row["on_timeout"], row["policy"],
         )  # fmt: skip
         # One statement inserts the record, or returns the active one when the insert met
         # it. An active record committed after the statement's snapshot is not visible to

@@ -67,6 +67,7 @@ approvals = Table(
     Column("outcome", String(64)),
     Column("deadline", UTCDateTime),
     Column("on_timeout", String(8), nullable=False, server_default="deny"),
+    Column("policy", Text, nullable=False, server_default="{}"),  # the rules' say, as JSON
 )
 
 # One active (unfinished) record per call: what makes create() an atomic create-if-absent.

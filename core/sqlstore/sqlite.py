@@ -51,6 +51,7 @@ _NEW = (
     "created_at",
     "deadline",
     "on_timeout",
+    "policy",
 )
 _INSERT = (
     f"INSERT INTO approvals ({', '.join(_NEW)}) VALUES ({', '.join('?' for _ in _NEW)}) "

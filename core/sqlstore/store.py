@@ -137,6 +137,7 @@ class SqlApprovalStore:
             "created_at": now,
             "deadline": request.deadline,
             "on_timeout": request.on_timeout,
+            "policy": canonical_json(request.policy),
         }
         with self._errors():
             return _record(await backend.create(row, now))
@@ -399,6 +400,7 @@ def _record(row: Row) -> ApprovalRecord:
             requested_by=row["requested_by"],
             deadline=row["deadline"],
             on_timeout=row["on_timeout"],
+            policy=json.loads(row["policy"]),
         ),
         created_at=row["created_at"],
         decision=None if row["decision"] is None else Decision.model_validate_json(row["decision"]),

@@ -9,8 +9,17 @@ from pathlib import Path
 import pytest
 
 from bot.config import load_config
-from bot.policy import rules_executor
-from core import MemoryApprovalStore, ToolCall, ToolRegistry, ToolResult
+from bot.policy import authorize_by_rules, rules_executor
+from core import (
+    ApprovalRecord,
+    ApprovalRequest,
+    Decision,
+    MemoryApprovalStore,
+    ToolCall,
+    ToolRegistry,
+    ToolResult,
+    arguments_digest,
+)
 from core.store import utc_now
 
 RULES = r"""
@@ -133,3 +142,57 @@ async def test_a_review_times_out_into_the_rules_timeout_decision(tmp_path: Path
         "approval denied for tool 'refund': nobody decided before the deadline"
     )
     assert shop.ran == []
+
+
+def reviewed(policy: dict[str, object], requested_by: str = "carol") -> ApprovalRecord:
+    arguments = {"order_id": "A-1", "amount": 500.0}
+    request = ApprovalRequest(
+        "run_1", "call_1", "refund", arguments, arguments_digest(arguments),
+        requested_by=requested_by, policy=policy,
+    )  # fmt: skip
+    return ApprovalRecord("apr_1", request, created_at=datetime.now(UTC))
+
+
+APPROVE = Decision(approved=True)
+DENY = Decision(approved=False)
+EDIT = Decision(approved=True, edited_args={"amount": 100})
+
+
+@pytest.mark.parametrize(
+    ("policy", "principal", "decision", "refusal"),
+    [
+        ({}, "anyone", APPROVE, None),
+        ({"reviewers": ["U0123ABCDE", "Lead@Example.com"]}, "lead@example.com", APPROVE, None),
+        ({"reviewers": ["U0123ABCDE"]}, "U0999OTHER", APPROVE, "not one of the reviewers"),
+        ({}, "carol", APPROVE, "you started this run"),
+        ({}, "carol", DENY, None),
+        ({"allow_self_approval": True}, "carol", APPROVE, None),
+        ({"allowed_decisions": ["approve", "deny"]}, "ana", EDIT, "may not be decided with 'edit'"),
+        ({"editable": ["amount"]}, "ana", EDIT, None),
+        ({"editable": ["order_id"]}, "ana", EDIT, "amount may not be edited here"),
+        ({"editable": []}, "ana", EDIT, "(editable: nothing)"),
+    ],
+)
+def test_decisions_are_authorized_by_the_rules_policy(
+    policy: dict[str, object], principal: str, decision: Decision, refusal: str | None
+) -> None:
+    found = authorize_by_rules(principal, reviewed(policy), decision)
+    if refusal is None:
+        assert found is None
+    else:
+        assert found is not None and refusal in found
+
+
+async def test_a_review_keeps_its_rules_policy(shop: Shop) -> None:
+    big = await shop.call("refund", order_id="A-1", amount=500)
+    assert big.error is not None
+    record = await shop.store.get(big.error.details["approval_id"])
+    assert record.request.policy == {
+        "rule": 1,
+        "description": None,
+        "reviewers": ["U0123ABCDE"],
+        "allowed_decisions": ["approve", "edit", "deny"],
+        "editable": None,
+        "approvals_required": 1,
+        "allow_self_approval": False,
+    }

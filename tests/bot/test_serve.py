@@ -19,7 +19,12 @@ from bot.serve import Served, serving
 from tests.bot.test_cli import nodbot
 
 ROOT = Path(__file__).resolve().parents[2]
-TOKENS = {"NODBOT_TOKEN_ANA": "token-of-ana-000000", "NODBOT_TOKEN_LEAD": "token-of-lead-00000"}
+TOKENS = {
+    "NODBOT_TOKEN_ANA": "token-of-ana-000000",
+    "NODBOT_TOKEN_LEAD": "token-of-lead-00000",
+    "NODBOT_TOKEN_OTHER": "token-of-other-0000",
+}
+WHO = {"ana": "NODBOT_TOKEN_ANA", "lead": "NODBOT_TOKEN_LEAD", "other": "NODBOT_TOKEN_OTHER"}
 
 
 def config(tmp_path: Path) -> Path:
@@ -39,6 +44,9 @@ api:
     - name: U0123LEADS
       token: ${{NODBOT_TOKEN_LEAD}}
       scopes: [approvals:read, approvals:decide]
+    - name: U0777OTHER
+      token: ${{NODBOT_TOKEN_OTHER}}
+      scopes: [approvals:read, approvals:decide]
 agents:
   support: examples.support_agent:agent
 rules:
@@ -51,7 +59,7 @@ rules:
 
 
 def as_(name: str) -> dict[str, str]:
-    secret = TOKENS["NODBOT_TOKEN_ANA" if name == "ana" else "NODBOT_TOKEN_LEAD"]
+    secret = TOKENS[WHO[name]]
     return {"Authorization": f"Bearer {secret}"}
 
 
@@ -81,6 +89,13 @@ async def approve_flow(client: httpx.AsyncClient) -> None:
         "refund",
         {"order_id": "A-1001", "amount": 120.0},
     )
+    stranger = await client.post(
+        f"/approvals/{pending['approval_id']}/decide",
+        json={"action": "approve"},
+        headers=as_("other"),
+    )
+    assert stranger.status_code == 403
+    assert stranger.json()["error"] == "you are not one of the reviewers of this call"
     decided = await client.post(
         f"/approvals/{pending['approval_id']}/decide",
         json={"action": "approve"},

@@ -291,3 +291,10 @@ async def test_deadline_and_timeout_decision_are_stored(store: ApprovalStore) ->
     assert stored.request.on_timeout == "approve"
     assert stored.request.deadline is not None
     assert abs((stored.request.deadline - made.request.deadline).total_seconds()) < 0.001  # type: ignore[operator]
+
+
+async def test_the_rules_policy_is_kept_with_the_review(store: ApprovalStore) -> None:
+    policy = {"rule": 1, "reviewers": ["U0123ABCDE", "lead@example.com"], "editable": ["amount"]}
+    made = await store.create(replace(request(), policy=policy))
+    assert (await store.get(made.approval_id)).request.policy == policy
+    assert (await store.create(request("call_2"))).request.policy == {}
