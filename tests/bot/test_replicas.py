@@ -1,0 +1,84 @@
+"""Two bots on one PostgreSQL database: every run is resumed by one of them, each refund
+runs once, whichever bot started the run and whichever recorded the decision."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from bot.serve import serving
+from tests.bot import ledger_agent
+from tests.support import postgres_database
+
+ROOT = Path(__file__).resolve().parents[2]
+TOKEN = "token-of-lead-00000"
+HEADERS = {"Authorization": f"Bearer {TOKEN}"}
+RUNS = 12
+
+
+def config(tmp_path: Path, url: str, name: str) -> Path:
+    path = tmp_path / f"{name}.yml"
+    path.write_text(
+        f"""
+store: {{url: "{url}"}}
+server: {{host: 127.0.0.1, port: 0}}
+api:
+  tokens:
+    - {{name: U0123LEADS, token: {TOKEN}, scopes: [runs:write, approvals:read, approvals:decide]}}
+agents:
+  ledger: tests.bot.ledger_agent:agent
+rules:
+  - tool: refund
+    reviewers: [U0123LEADS]
+    allow_self_approval: true
+"""
+    )
+    return path
+
+
+async def statuses(client: httpx.AsyncClient, run_ids: list[str]) -> list[str]:
+    views = [(await client.get(f"/runs/{run_id}", headers=HEADERS)).json() for run_id in run_ids]
+    return [view["status"] for view in views]
+
+
+@pytest.mark.postgres
+async def test_two_replicas_resume_each_run_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(ROOT)
+    ledger_agent.RUNS.clear()
+    async with postgres_database() as url, contextlib.AsyncExitStack() as stack:
+        bots = [
+            await stack.enter_async_context(serving(str(config(tmp_path, url, name))))
+            for name in ("a", "b")
+        ]
+        clients = [
+            await stack.enter_async_context(httpx.AsyncClient(base_url=bot.url)) for bot in bots
+        ]
+        run_ids, approvals = [], []
+        for number in range(RUNS):
+            client = clients[number % 2]  # runs start on both bots
+            body = {"agent": "ledger", "input": f"refund o-{number} {number + 1}"}
+            started = (await client.post("/runs", json=body, headers=HEADERS)).json()
+            run_ids.append(started["run_id"])
+            approvals.append(started["pending"][0]["approval_id"])
+        await asyncio.gather(  # and decisions land on the other one, all at once
+            *(
+                clients[(number + 1) % 2].post(
+                    f"/approvals/{approval_id}/decide", json={"action": "approve"}, headers=HEADERS
+                )
+                for number, approval_id in enumerate(approvals)
+            )
+        )
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            if set(await statuses(clients[0], run_ids)) == {"finished"}:
+                break
+            await asyncio.sleep(0.05)
+        assert set(await statuses(clients[0], run_ids)) == {"finished"}
+    assert sorted(ledger_agent.RUNS) == sorted((f"o-{n}", float(n + 1)) for n in range(RUNS))
