@@ -8,9 +8,10 @@ deadline passed ─────────────────────�
                   work(): expire_due, then claim_ready ──► advance_run ──► finished / waiting
 ```
 
-The store is the source of truth: `work` wakes at once when this process records a decision,
-and otherwise looks every `poll` seconds, so decisions made by another process (or a replica)
-are picked up too, and a restarted bot finishes what a crashed one left.
+The store is the source of truth: `work` wakes at once when this process records a
+decision, and otherwise looks every `workers.poll` seconds, so decisions made by another
+process (or a replica) are picked up too, and a restarted bot finishes what a crashed one
+left (once the dead worker's `workers.lease` has run out).
 """
 
 from __future__ import annotations
@@ -36,12 +37,9 @@ from core import (
     advance_run,
 )
 
-__all__ = ["DEFAULT_POLL", "BotService", "BotStore", "UnknownAgentError"]
+__all__ = ["BotService", "BotStore", "UnknownAgentError"]
 
 log = logging.getLogger(__name__)
-
-DEFAULT_POLL = 0.5
-"""Seconds between two looks at the store when nothing wakes the workers."""
 
 
 class BotStore(ApprovalStore, RunStore, Protocol):
@@ -66,13 +64,13 @@ class BotService:
         agents: Mapping[str, Agent],
         *,
         worker: str | None = None,
-        poll: float = DEFAULT_POLL,
     ) -> None:
         self.config = config
         self.store = store
         self.agents = dict(agents)
         self.worker = worker or f"{socket.gethostname()}:{os.getpid()}"
-        self.poll = poll
+        self.poll = config.workers.poll
+        self.lease = float(config.workers.lease)
         self.registry = ToolRegistry.merged(agent.tools for agent in self.agents.values())
         self._executors: dict[str, Executor] = {
             name: rules_executor(agent.tools, config, store) for name, agent in agents.items()
@@ -94,6 +92,7 @@ class BotService:
             messages=chosen.first_messages(text),
             worker=self.worker,
             requested_by=requested_by,
+            lease=self.lease,
         )
         return await self._advance(run)
 
@@ -106,7 +105,7 @@ class BotService:
         if await self.store.expire_due():
             log.info("reviews timed out")
         advanced = 0
-        while claimed := await self.store.claim_ready(worker=self.worker):
+        while claimed := await self.store.claim_ready(worker=self.worker, lease=self.lease):
             for run in claimed:
                 await self._advance(run)
                 advanced += 1
@@ -135,8 +134,9 @@ class BotService:
                 run, status="failed", messages=run.messages, error=error
             )
         try:
+            executor = self._executors[run.agent]
             return await advance_run(
-                run, agent=agent, executor=self._executors[run.agent], runs=self.store
+                run, agent=agent, executor=executor, runs=self.store, lease=self.lease
             )
         except RunConflict:
             # Another worker took the run over (this one was too slow): its work stands.

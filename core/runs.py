@@ -261,15 +261,22 @@ _OUTCOMES: dict[str, RunStatus] = {"stop": "finished", "pending": "waiting", "ma
 
 
 async def advance_run(
-    run: RunRecord, *, agent: Agent, executor: Executor, runs: RunStore, max_turns: int = 20
+    run: RunRecord,
+    *,
+    agent: Agent,
+    executor: Executor,
+    runs: RunStore,
+    max_turns: int = 20,
+    lease: float = DEFAULT_LEASE,
 ) -> RunRecord:
     """Continue a claimed run's tool loop, with its own run id, and save where it stopped:
     finished (the model answered), waiting (calls wait for review) or failed.
 
-    The claim is renewed first, so a worker whose lease ran out runs nothing. Raises
+    The claim is renewed first (for `lease` seconds), so a worker whose lease ran out runs
+    nothing. Raises
     `RunConflict` when the run was taken over, before or while it ran.
     """
-    run = await runs.renew_claim(run)
+    run = await runs.renew_claim(run, lease=lease)
     ctx = executor.context(run.run_id, requested_by=run.requested_by)
     try:
         result = await run_tool_loop(agent.chat, run.messages, ctx, max_turns=max_turns)

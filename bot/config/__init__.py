@@ -29,6 +29,7 @@ from bot.config.models import (
     Rule,
     ServerConfig,
     StoreConfig,
+    WorkersConfig,
 )
 from bot.config.predicates import AllOf, AnyOf, PredicateSpec
 from bot.config.reader import load_config
@@ -47,6 +48,7 @@ __all__ = [
     "Rule",
     "ServerConfig",
     "StoreConfig",
+    "WorkersConfig",
     "check_agents",
     "load_agents",
     "load_config",

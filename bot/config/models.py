@@ -68,6 +68,17 @@ class ServerConfig(ConfigModel):
     """The TCP port, 1 to 65535; 0 lets the system pick a free one (the bot prints it)."""
 
 
+class WorkersConfig(ConfigModel):
+    """How the bot's workers continue runs."""
+
+    poll: Annotated[float, Field(gt=0, le=60)] = 0.5
+    """Seconds between two looks at the store when nothing wakes the workers (a decision
+    recorded by this bot wakes them at once)."""
+    lease: Duration = 300
+    """How long a worker holds a run it continues; a run whose worker died is taken over
+    when its lease runs out. Longer than any tool call takes."""
+
+
 ApiScope: TypeAlias = Literal["approvals:read", "approvals:decide", "runs:write"]
 """What an API token may do: read approvals, decide them, start runs."""
 
@@ -296,6 +307,8 @@ class Config(ConfigModel):
     """Where approvals are kept."""
     server: ServerConfig = Field(default_factory=ServerConfig)
     """Where the HTTP API and web inbox listen."""
+    workers: WorkersConfig = Field(default_factory=WorkersConfig)
+    """How runs are continued."""
     agents: dict[Name, ImportPath] = Field(default_factory=dict)
     """Agent name -> `package.module:attribute` of a `core.Agent` or of a zero-argument
     callable returning one."""

@@ -361,7 +361,7 @@ def test_malformed_yaml_names_the_file_and_line(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("text", "expected"),
     [
-        ("- a\n- b\n", ":1: (top level): expected a mapping of store, server, agents,"),
+        ("- a\n- b\n", ":1: (top level): expected a mapping of store, server, workers, agents,"),
         ("just text\n", ":1: (top level): expected a mapping of store, server,"),
         ("# nothing here\n", ":1: (top level): the file is empty; expected a mapping"),
     ],
@@ -444,7 +444,7 @@ def test_an_unknown_top_level_key_names_the_file_line_and_expected_keys(tmp_path
     problem = only_problem(tmp_path, "server: {}\nservers:\n  port: 1\n")
     assert problem == (
         f"{tmp_path / 'nodbot.yml'}:2: servers: unknown key 'servers'; expected one of: "
-        "store, server, agents, reviewer_groups, rules, slack, email, api"
+        "store, server, workers, agents, reviewer_groups, rules, slack, email, api"
     )
 
 
