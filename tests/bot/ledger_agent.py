@@ -1,11 +1,16 @@
 """An agent for the bot's tests whose refund tool writes down every time it really runs.
 
 Every run asks for one refund (of the amount in its input, as `refund <order> <amount>`)
-and then answers. `RUNS` is shared by every bot of the process, so replicas can be counted.
+and then answers. `RUNS` is shared by every bot of the process, so replicas can be counted;
+a bot in another process appends `<order> <amount>` lines to the file named by
+`NODBOT_TEST_LEDGER`. A refund of an order whose id starts with `stuck` never returns (for
+60 s): the bot can be killed while the tool runs.
 """
 
 from __future__ import annotations
 
+import os
+import time
 from collections.abc import Sequence
 
 from core import (
@@ -28,6 +33,12 @@ tools = ToolRegistry()
 def refund(order_id: str, amount: float) -> str:
     """Refund an amount on an order."""
     RUNS.append((order_id, amount))
+    ledger = os.environ.get("NODBOT_TEST_LEDGER")
+    if ledger:
+        with open(ledger, "a") as file:
+            file.write(f"{order_id} {amount}\n")
+    if order_id.startswith("stuck"):
+        time.sleep(60)
     return f"refunded {amount} on {order_id}"
 
 
