@@ -65,7 +65,11 @@ class RulesPort(DeferredApproval):
             if rule.decision == "deny":
                 reason = rule.description or f"denied by rule {index} of the configuration"
                 return Decided(Decision(approved=False, reason=reason, decided_by=by))
-            request = replace(request, policy=self._policy(index, rule))
+            request = replace(
+                request,
+                policy=self._policy(index, rule),
+                approvals_required=rule.approvals_required,
+            )
             if rule.timeout is not None:
                 # Only a new review takes this deadline: an existing one keeps its own.
                 deadline = self._clock() + timedelta(seconds=rule.timeout)

@@ -18,6 +18,7 @@ from core.decisions import (
 from core.errors import (
     ApprovalAlreadyConsumed,
     ApprovalAlreadyDecided,
+    ApprovalAlreadyVoted,
     ApprovalDenied,
     ApprovalError,
     ApprovalMismatchError,
@@ -93,6 +94,7 @@ __all__ = [
     "Agent",
     "ApprovalAlreadyConsumed",
     "ApprovalAlreadyDecided",
+    "ApprovalAlreadyVoted",
     "ApprovalDenied",
     "ApprovalError",
     "ApprovalEvent",

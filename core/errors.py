@@ -12,6 +12,7 @@ NodbotError
 │   ├── ApprovalDenied             a reviewer (or a default) refused the call; nothing ran
 │   ├── ApprovalNotFound           no approval has that id
 │   ├── ApprovalAlreadyDecided     the first decision wins; this one came second
+│   ├── ApprovalAlreadyVoted       this reviewer has voted on this approval already
 │   ├── ApprovalNotDecided         consume() on an approval nobody has decided yet
 │   └── ApprovalAlreadyConsumed    the decision was spent by another call
 ├── RunError                       a durable run cannot be found or saved
@@ -36,6 +37,7 @@ from typing import Any, ClassVar
 __all__ = [
     "ApprovalAlreadyConsumed",
     "ApprovalAlreadyDecided",
+    "ApprovalAlreadyVoted",
     "ApprovalDenied",
     "ApprovalError",
     "ApprovalMismatchError",
@@ -229,6 +231,21 @@ class ApprovalAlreadyDecided(ApprovalError):
 
     def details(self) -> dict[str, Any]:
         return {"approval_id": self.approval_id, "decided_by": self.decided_by}
+
+
+class ApprovalAlreadyVoted(ApprovalError):
+    """A review that needs several approvals counts each reviewer once."""
+
+    kind = "approval-already-voted"
+
+    def __init__(self, *, approval_id: str, voter: str) -> None:
+        super().__init__(
+            f"{voter} has already voted on approval {approval_id}", approval_id=approval_id
+        )
+        self.voter = voter
+
+    def details(self) -> dict[str, Any]:
+        return {"approval_id": self.approval_id, "voter": self.voter}
 
 
 class ApprovalNotDecided(ApprovalError):

@@ -100,12 +100,14 @@ class Executor:
         decided_by: str | None = None,
         channel: str | None = None,
     ) -> ApprovalRecord:
-        """Record a reviewer's answer (any form `as_decision` takes) on a stored approval.
+        """Record a reviewer's answer (any form `as_decision` takes) on a stored approval, as
+        that reviewer's vote: it decides at once unless the review needs several approvals.
 
         An edit is merged and validated with the tool's model first; an invalid one raises
         `InvalidArgumentsError` and nothing is recorded. Raises `ApprovalNotFound`,
-        `ApprovalAlreadyDecided`, `InvalidDecisionError`, and `ConfigurationError` when the
-        executor has no `DeferredApproval` port.
+        `ApprovalAlreadyDecided`, `ApprovalAlreadyVoted`, `InvalidDecisionError` (also for a
+        vote without `decided_by`), and `ConfigurationError` when the executor has no
+        `DeferredApproval` port.
         """
         if not isinstance(self.approval, DeferredApproval):
             raise ConfigurationError("decide() needs an executor with a DeferredApproval port")
@@ -116,7 +118,7 @@ class Executor:
             tool = self.registry.get(record.request.tool)
             merged = merge_edit(record.request.arguments, decision.edited_args)
             tool.validate(merged, source="edited arguments")
-        return await store.decide(approval_id, decision, channel=channel)
+        return await store.vote(approval_id, decision, channel=channel)
 
     async def needs_review(self, tool: Tool, call: ToolCall, ctx: ToolContext) -> bool:
         """Whether the call must wait for a decision. A rule that raises means yes."""

@@ -20,7 +20,7 @@ Every change, and every refused attempt, appends an `ApprovalEvent`; none is cha
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any, Literal, Protocol, TypeAlias, runtime_checkable
@@ -30,12 +30,15 @@ from core.decisions import Decision, ToolInterrupt
 from core.errors import (
     ApprovalAlreadyConsumed,
     ApprovalAlreadyDecided,
+    ApprovalAlreadyVoted,
     ApprovalError,
     ApprovalNotDecided,
     ApprovalNotFound,
+    InvalidDecisionError,
 )
 
 __all__ = [
+    "ALREADY_VOTED",
     "CONCURRENT_USE_REASON",
     "TIMEOUT_DECIDER",
     "TIMEOUT_REASON",
@@ -46,11 +49,13 @@ __all__ = [
     "ApprovalStore",
     "EventKind",
     "MemoryApprovalStore",
+    "check_vote",
+    "tally",
     "timeout_decision",
 ]
 
 ApprovalStatus: TypeAlias = Literal["pending", "approved", "denied"]
-EventKind: TypeAlias = Literal["created", "decided", "consumed", "finished", "refused"]
+EventKind: TypeAlias = Literal["created", "voted", "decided", "consumed", "finished", "refused"]
 Clock: TypeAlias = Callable[[], datetime]
 
 CONCURRENT_USE_REASON = "approval already used by a concurrent request"
@@ -59,6 +64,41 @@ CONCURRENT_USE_REASON = "approval already used by a concurrent request"
 TIMEOUT_DECIDER = "nodbot:timeout"
 """Who decided a review that nobody decided before its deadline."""
 TIMEOUT_REASON = "nobody decided before the deadline"
+
+
+ALREADY_VOTED = "already voted"
+
+
+def check_vote(decision: Decision, required: int) -> str:
+    """The voter of `decision` ("" for an unnamed decision on a review that needs one
+    approval). Raises `InvalidDecisionError` for an unnamed vote on a review that needs
+    several, or an edit there (whose edit would win is unclear)."""
+    if required > 1 and not decision.decided_by:
+        raise InvalidDecisionError(
+            "a vote needs decided_by: who votes",
+            errors=[{"field": "decided_by", "message": "missing"}],
+        )
+    if required > 1 and decision.edited_args is not None:
+        raise InvalidDecisionError(
+            f"this review needs {required} approvals, so its arguments cannot be edited: "
+            "approve or deny",
+            errors=[{"field": "edited_args", "message": "not with several approvals"}],
+        )
+    return decision.decided_by or ""
+
+
+def tally(votes: Sequence[Decision], required: int) -> Decision | None:
+    """The decision the votes make, or None yet: the first deny denies; `required` approvals
+    approve, decided by every approver."""
+    for vote in votes:
+        if not vote.approved:
+            return vote
+    if len(votes) < required:
+        return None
+    if required == 1:
+        return votes[-1]
+    voters = ", ".join(vote.decided_by or "" for vote in votes)
+    return Decision(approved=True, reason=f"approved by {voters}", decided_by=voters)
 
 
 def timeout_decision(on_timeout: str) -> Decision:
@@ -90,6 +130,8 @@ class ApprovalRequest:
     """When nobody has decided by then, `expire_due` decides with `on_timeout`."""
     on_timeout: Literal["approve", "deny"] = "deny"
     """What a review that timed out becomes (recorded as decided by `nodbot:timeout`)."""
+    approvals_required: int = 1
+    """How many distinct reviewers must approve (any deny denies)."""
     policy: dict[str, Any] = field(default_factory=dict)
     """What the bot's rules say about this review (who may decide, which decisions, which
     arguments may be edited); JSON values, stored as given and read by the channels."""
@@ -186,6 +228,18 @@ class ApprovalStore(Protocol):
         """Record the decision. Raises `ApprovalNotFound`, `ApprovalAlreadyDecided`."""
         ...
 
+    async def vote(
+        self, approval_id: str, decision: Decision, *, channel: str | None = None
+    ) -> ApprovalRecord:
+        """Record one reviewer's vote (`decision.decided_by` votes). A deny decides at once;
+        approvals decide once `approvals_required` distinct reviewers approved. With one
+        approval required, a vote is a decision.
+
+        Raises `ApprovalNotFound`, `ApprovalAlreadyDecided`, `ApprovalAlreadyVoted`,
+        `InvalidDecisionError`.
+        """
+        ...
+
     async def consume(self, approval_id: str, *, actor: str | None = None) -> ApprovalRecord:
         """Spend the decision, once. A denial is finished at once.
 
@@ -217,6 +271,7 @@ class MemoryApprovalStore:
         self._active: dict[tuple[str, str], str] = {}
         self._newest: dict[tuple[str, str], str] = {}
         self._events: _Events = []
+        self._votes: dict[str, list[Decision]] = {}
 
     async def create(self, request: ApprovalRequest) -> ApprovalRecord:
         key = (request.run_id, request.call_id)
@@ -271,6 +326,43 @@ class MemoryApprovalStore:
                 approval_id,
                 "decided",
                 actor=decision.decided_by,
+                channel=channel,
+                detail={"status": record.status},
+            )
+            return record
+
+    async def vote(
+        self, approval_id: str, decision: Decision, *, channel: str | None = None
+    ) -> ApprovalRecord:
+        with self._lock:
+            record = self._get(approval_id)
+            voter = check_vote(decision, record.request.approvals_required)
+            if record.decision is not None:
+                self._refuse(approval_id, "already decided", voter, channel)
+                raise ApprovalAlreadyDecided(
+                    approval_id=approval_id, decided_by=record.decision.decided_by
+                )
+            votes = self._votes.setdefault(approval_id, [])
+            if any(vote.decided_by == voter for vote in votes):
+                self._refuse(approval_id, ALREADY_VOTED, voter, channel)
+                raise ApprovalAlreadyVoted(approval_id=approval_id, voter=voter)
+            votes.append(decision)
+            self._log(
+                approval_id,
+                "voted",
+                actor=voter,
+                channel=channel,
+                detail={"approved": decision.approved},
+            )
+            outcome = tally(votes, record.request.approvals_required)
+            if outcome is None:
+                return record
+            record = replace(record, decision=outcome, decided_at=self._clock())
+            self._records[approval_id] = record
+            self._log(
+                approval_id,
+                "decided",
+                actor=outcome.decided_by,
                 channel=channel,
                 detail={"status": record.status},
             )

@@ -41,6 +41,7 @@ from bot.policy import SELF_APPROVAL_REASON
 from bot.service import BotService
 from core import (
     ApprovalAlreadyDecided,
+    ApprovalAlreadyVoted,
     ApprovalNotFound,
     ApprovalRecord,
     ApprovalStore,
@@ -48,6 +49,7 @@ from core import (
     DeferredApproval,
     Executor,
     InvalidArgumentsError,
+    InvalidDecisionError,
     StoreError,
     ToolRegistry,
 )
@@ -166,6 +168,12 @@ class _ApprovalsApi:
             raise ApiError(
                 409, f"this approval was already decided{first}", details=exc.details()
             ) from None
+        except ApprovalAlreadyVoted:
+            raise ApiError(
+                409, "you have voted on this approval already", details={"voter": principal}
+            ) from None
+        except InvalidDecisionError as exc:
+            raise ApiError(422, exc.message, details=exc.details()) from None
         except InvalidArgumentsError as exc:
             raise ApiError(
                 422, "the edited arguments are not valid for the tool", details=exc.details()

@@ -9,9 +9,10 @@ records and errors. The rules for which events an operation appends live here, o
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Protocol, TypeAlias
+from typing import Any, Literal, Protocol, TypeAlias
 
 from core.store import CONCURRENT_USE_REASON
 from core.tools import canonical_json
@@ -28,10 +29,13 @@ __all__ = [
     "Change",
     "EventRow",
     "EventValues",
+    "Outcome",
     "Row",
+    "VoteResult",
     "consume_refusal",
     "consumed_events",
     "detail",
+    "detail_flag",
 ]
 
 COLUMN_NAMES = (
@@ -52,6 +56,7 @@ COLUMN_NAMES = (
     "deadline",
     "on_timeout",
     "policy",
+    "approvals_required",
 )
 """The columns of `approvals` that make a record (`seq` only orders them)."""
 COLUMNS = ", ".join(COLUMN_NAMES)
@@ -86,6 +91,11 @@ DECIDE_REFUSAL = canonical_json({"reason": ALREADY_DECIDED})
 """The detail of a refused decide: the first decision won."""
 
 
+def detail_flag(approved: bool) -> str:
+    """The detail of a `voted` event."""
+    return '{"approved":true}' if approved else '{"approved":false}'
+
+
 def consume_refusal(existing: Row) -> str:
     """Why a consume was refused, as the event's detail."""
     reason = NOT_DECIDED if existing["decided_at"] is None else CONCURRENT_USE_REASON
@@ -104,6 +114,18 @@ def consumed_events(row: Row, actor: str | None) -> list[EventValues]:
     if row["status"] == "denied":
         events.append(("finished", None, "executor", detail("outcome", "denied")))
     return events
+
+
+Outcome: TypeAlias = Callable[[list[str], int], "tuple[str, str, str | None] | None"]
+"""(the votes as JSON, approvals required) -> (decision JSON, status, decided_by) or None."""
+
+
+@dataclass(frozen=True)
+class VoteResult:
+    """What became of a vote."""
+
+    result: Literal["missing", "decided_before", "voted_before", "recorded", "decided"]
+    row: Row | None
 
 
 @dataclass(frozen=True)
@@ -160,6 +182,21 @@ class Backend(Protocol):
         channel: str | None,
     ) -> Change:
         """Record the decision (JSON) if there is none yet."""
+        ...
+
+    async def vote(
+        self,
+        approval_id: str,
+        voter: str,
+        vote: tuple[str, bool],
+        at: datetime,
+        channel: str | None,
+        outcome: Outcome,
+    ) -> VoteResult:
+        """In one transaction: refuse a vote on a decided approval or a second vote of the
+        same voter (logging `refused`), else record the vote (its Decision as JSON, and
+        whether it approves) with a `voted` event and, when `outcome` of all the votes is a
+        decision, record that (`decided`)."""
         ...
 
     async def consume(self, approval_id: str, at: datetime, actor: str | None) -> Change:

@@ -15,6 +15,7 @@ from typing import Any
 import asyncpg
 
 from core.sqlstore.backend import (
+    ALREADY_DECIDED,
     COLUMN_NAMES,
     COLUMNS,
     DECIDE_REFUSAL,
@@ -23,10 +24,13 @@ from core.sqlstore.backend import (
     RUN_COLUMNS,
     Change,
     EventRow,
+    Outcome,
     Row,
+    VoteResult,
     detail,
+    detail_flag,
 )
-from core.store import CONCURRENT_USE_REASON, TIMEOUT_DECIDER
+from core.store import ALREADY_VOTED, CONCURRENT_USE_REASON, TIMEOUT_DECIDER
 
 __all__ = ["PostgresBackend"]
 
@@ -42,8 +46,9 @@ _SELECT_ONE = f"SELECT {COLUMNS} FROM approvals WHERE approval_id = $1"
 _CREATE = f"""
 WITH inserted AS (
     INSERT INTO approvals (approval_id, run_id, call_id, tool, arguments, digest,
-                           requested_by, status, created_at, deadline, on_timeout, policy)
-    VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $11, $12, $13)
+                           requested_by, status, created_at, deadline, on_timeout, policy,
+                           approvals_required)
+    VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $11, $12, $13, $14)
     ON CONFLICT (run_id, call_id) WHERE finished_at IS NULL DO NOTHING
     RETURNING {COLUMNS}
 ), logged AS (
@@ -193,7 +198,7 @@ class PostgresBackend:
         arguments = (
             row["approval_id"], row["run_id"], row["call_id"], row["tool"], row["arguments"],
             row["digest"], row["requested_by"], row["status"], row["created_at"], event_at,
-            row["deadline"], row["on_timeout"], row["policy"],
+            row["deadline"], row["on_timeout"], row["policy"], row["approvals_required"],
         )  # fmt: skip
         # One statement inserts the record, or returns the active one when the insert met
         # it. An active record committed after the statement's snapshot is not visible to
@@ -251,6 +256,67 @@ class PostgresBackend:
             _REFUSE, approval_id, at, actor, channel, DECIDE_REFUSAL, DECIDE_REFUSAL
         )
         return Change(None, existing)
+
+    async def vote(
+        self,
+        approval_id: str,
+        voter: str,
+        vote: tuple[str, bool],
+        at: datetime,
+        channel: str | None,
+        outcome: Outcome,
+    ) -> VoteResult:
+        ballot, approved = vote
+
+        async def log(
+            connection: asyncpg.pool.PoolConnectionProxy[asyncpg.Record],
+            kind: str,
+            actor: str | None,
+            text: str,
+        ) -> None:
+            await connection.execute(
+                f"{_EVENTS} VALUES ($1, $2, $3, $4, $5, $6)",
+                approval_id,
+                kind,
+                at,
+                actor,
+                channel,
+                text,
+            )
+
+        async with self._pool.acquire() as connection, connection.transaction():
+            # The row lock makes voters of one approval take turns: each sees the votes before.
+            row = _row(await connection.fetchrow(f"{_SELECT_ONE} FOR UPDATE", approval_id))
+            if row is None:
+                return VoteResult("missing", None)
+            if row["decision"] is not None:
+                await log(connection, "refused", voter, detail("reason", ALREADY_DECIDED))
+                return VoteResult("decided_before", row)
+            earlier = await connection.fetch(
+                "SELECT voter, decision FROM votes WHERE approval_id = $1 ORDER BY seq", approval_id
+            )
+            if any(found["voter"] == voter for found in earlier):
+                await log(connection, "refused", voter, detail("reason", ALREADY_VOTED))
+                return VoteResult("voted_before", row)
+            await connection.execute(
+                "INSERT INTO votes (approval_id, voter, decision, at) VALUES ($1, $2, $3, $4)",
+                approval_id, voter, ballot, at,
+            )  # fmt: skip
+            await log(connection, "voted", voter, detail_flag(approved))
+            ballots = [found["decision"] for found in earlier] + [ballot]
+            decided = outcome(ballots, row["approvals_required"])
+            if decided is None:
+                return VoteResult("recorded", row)
+            decision, status, decided_by = decided
+            changed = _row(
+                await connection.fetchrow(
+                    "UPDATE approvals SET decision = $2, status = $3, decided_at = $4 "
+                    f"WHERE approval_id = $1 RETURNING {COLUMNS}",
+                    *(approval_id, decision, status, at),
+                )
+            )
+            await log(connection, "decided", decided_by, detail("status", status))
+            return VoteResult("decided", changed)
 
     async def consume(self, approval_id: str, at: datetime, actor: str | None) -> Change:
         changed = await self._one(_CONSUME, approval_id, at, actor, detail("outcome", "denied"))

@@ -18,9 +18,10 @@ from sqlalchemy import (
     Table,
     Text,
     TypeDecorator,
+    UniqueConstraint,
 )
 
-__all__ = ["UTCDateTime", "approvals", "events", "metadata", "runs"]
+__all__ = ["UTCDateTime", "approvals", "events", "metadata", "runs", "votes"]
 
 metadata = MetaData()
 
@@ -68,6 +69,7 @@ approvals = Table(
     Column("deadline", UTCDateTime),
     Column("on_timeout", String(8), nullable=False, server_default="deny"),
     Column("policy", Text, nullable=False, server_default="{}"),  # the rules' say, as JSON
+    Column("approvals_required", Integer, nullable=False, server_default="1"),
 )
 
 # One active (unfinished) record per call: what makes create() an atomic create-if-absent.
@@ -124,3 +126,14 @@ runs = Table(
 )
 # claim_ready(): waiting runs, and running ones whose lease ran out, oldest first.
 Index("runs_status", runs.c.status, runs.c.seq)
+
+votes = Table(
+    "votes",
+    metadata,
+    Column("seq", Serial, primary_key=True, autoincrement=True),
+    Column("approval_id", String(64), nullable=False),
+    Column("voter", String(255), nullable=False),
+    Column("decision", Text, nullable=False),  # the voter's Decision as JSON
+    Column("at", UTCDateTime, nullable=False),
+    UniqueConstraint("approval_id", "voter", name="votes_one_per_voter"),
+)

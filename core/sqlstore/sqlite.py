@@ -19,6 +19,7 @@ from datetime import UTC, datetime
 from typing import Any, TypeVar
 
 from core.sqlstore.backend import (
+    ALREADY_DECIDED,
     COLUMN_NAMES,
     COLUMNS,
     DECIDE_REFUSAL,
@@ -27,12 +28,15 @@ from core.sqlstore.backend import (
     Change,
     EventRow,
     EventValues,
+    Outcome,
     Row,
+    VoteResult,
     consume_refusal,
     consumed_events,
     detail,
+    detail_flag,
 )
-from core.store import TIMEOUT_DECIDER
+from core.store import ALREADY_VOTED, TIMEOUT_DECIDER
 
 __all__ = ["SqliteBackend"]
 
@@ -52,6 +56,7 @@ _NEW = (
     "deadline",
     "on_timeout",
     "policy",
+    "approvals_required",
 )
 _INSERT = (
     f"INSERT INTO approvals ({', '.join(_NEW)}) VALUES ({', '.join('?' for _ in _NEW)}) "
@@ -69,6 +74,8 @@ _SELECT_ACTIVE = (
 )
 
 
+_VOTES = "SELECT voter, decision FROM votes WHERE approval_id = ? ORDER BY seq"
+_INSERT_VOTE = "INSERT INTO votes (approval_id, voter, decision, at) VALUES (?, ?, ?, ?)"
 _EXPIRE = (
     "UPDATE approvals SET decision = CASE WHEN on_timeout = 'approve' THEN ? ELSE ? END, "
     "status = CASE WHEN on_timeout = 'approve' THEN 'approved' ELSE 'denied' END, "
@@ -252,6 +259,53 @@ class SqliteBackend:
             lambda row: (actor, channel, DECIDE_REFUSAL),
             at,
         )
+
+    async def vote(
+        self,
+        approval_id: str,
+        voter: str,
+        vote: tuple[str, bool],
+        at: datetime,
+        channel: str | None,
+        outcome: Outcome,
+    ) -> VoteResult:
+        now = _text(at)
+        ballot, approved = vote
+
+        def refuse(db: sqlite3.Connection, reason: str) -> None:
+            event = ("refused", now, voter, channel, detail("reason", reason))
+            db.execute(_EVENT, (approval_id, *event))
+
+        def work(db: sqlite3.Connection) -> VoteResult:
+            row = _row(db.execute(_SELECT_ONE, (approval_id,)).fetchone())
+            if row is None:
+                return VoteResult("missing", None)
+            if row["decision"] is not None:
+                refuse(db, ALREADY_DECIDED)
+                return VoteResult("decided_before", row)
+            earlier = db.execute(_VOTES, (approval_id,)).fetchall()
+            if any(found[0] == voter for found in earlier):
+                refuse(db, ALREADY_VOTED)
+                return VoteResult("voted_before", row)
+            db.execute(_INSERT_VOTE, (approval_id, voter, ballot, now))
+            db.execute(_EVENT, (approval_id, "voted", now, voter, channel, detail_flag(approved)))
+            ballots = [found[1] for found in earlier] + [ballot]
+            decided = outcome(ballots, row["approvals_required"])
+            if decided is None:
+                return VoteResult("recorded", row)
+            decision, status, decided_by = decided
+            changed = _row(
+                db.execute(
+                    "UPDATE approvals SET decision = ?, status = ?, decided_at = ? "
+                    f"WHERE approval_id = ? AND decision IS NULL RETURNING {COLUMNS}",
+                    (decision, status, now, approval_id),
+                ).fetchone()
+            )
+            event = ("decided", now, decided_by, channel, detail("status", status))
+            db.execute(_EVENT, (approval_id, *event))
+            return VoteResult("decided", changed)
+
+        return await self._transaction(work)
 
     async def consume(self, approval_id: str, at: datetime, actor: str | None) -> Change:
         now = _text(at)

@@ -28,6 +28,7 @@ from core.decisions import Decision
 from core.errors import (
     ApprovalAlreadyConsumed,
     ApprovalAlreadyDecided,
+    ApprovalAlreadyVoted,
     ApprovalError,
     ApprovalNotDecided,
     ApprovalNotFound,
@@ -52,6 +53,8 @@ from core.store import (
     ApprovalRequest,
     ApprovalStatus,
     EventKind,
+    check_vote,
+    tally,
     timeout_decision,
     utc_now,
 )
@@ -138,6 +141,7 @@ class SqlApprovalStore:
             "deadline": request.deadline,
             "on_timeout": request.on_timeout,
             "policy": canonical_json(request.policy),
+            "approvals_required": request.approvals_required,
         }
         with self._errors():
             return _record(await backend.create(row, now))
@@ -190,6 +194,26 @@ class SqlApprovalStore:
         raise ApprovalAlreadyDecided(
             approval_id=approval_id, decided_by=earlier.decided_by if earlier else None
         )
+
+    async def vote(
+        self, approval_id: str, decision: Decision, *, channel: str | None = None
+    ) -> ApprovalRecord:
+        backend = await self._ready()
+        voter = decision.decided_by or ""
+        with self._errors():
+            ballot = (decision.model_dump_json(), decision.approved)
+            outcome = await backend.vote(
+                approval_id, voter, ballot, self._clock(), channel, _count_votes
+            )
+        if outcome.row is None:
+            raise ApprovalNotFound(approval_id=approval_id)
+        record = _record(outcome.row)
+        if outcome.result == "decided_before":
+            first = record.decision.decided_by if record.decision else None
+            raise ApprovalAlreadyDecided(approval_id=approval_id, decided_by=first)
+        if outcome.result == "voted_before":
+            raise ApprovalAlreadyVoted(approval_id=approval_id, voter=voter)
+        return record
 
     async def consume(self, approval_id: str, *, actor: str | None = None) -> ApprovalRecord:
         backend = await self._ready()
@@ -358,6 +382,20 @@ def _sqlite_target(url: URL) -> tuple[str, bool]:
     return database, False
 
 
+def _count_votes(ballots: list[str], required: int) -> tuple[str, str, str | None] | None:
+    """The decision the ballots make (see `tally`), as (JSON, status, decided_by), or None.
+
+    The last ballot is the new vote: an invalid one (`check_vote`) raises inside the
+    transaction, which then records nothing."""
+    votes = [Decision.model_validate_json(ballot) for ballot in ballots]
+    check_vote(votes[-1], required)
+    decision = tally(votes, required)
+    if decision is None:
+        return None
+    status = "approved" if decision.approved else "denied"
+    return decision.model_dump_json(), status, decision.decided_by
+
+
 def _changed_run(change: Change, run: RunRecord) -> Row:
     """The changed row, or the error saying why the run did not change."""
     if change.changed is not None:
@@ -401,6 +439,7 @@ def _record(row: Row) -> ApprovalRecord:
             deadline=row["deadline"],
             on_timeout=row["on_timeout"],
             policy=json.loads(row["policy"]),
+            approvals_required=row["approvals_required"],
         ),
         created_at=row["created_at"],
         decision=None if row["decision"] is None else Decision.model_validate_json(row["decision"]),

@@ -11,12 +11,14 @@ import pytest
 from core import (
     ApprovalAlreadyConsumed,
     ApprovalAlreadyDecided,
+    ApprovalAlreadyVoted,
     ApprovalError,
     ApprovalNotDecided,
     ApprovalNotFound,
     ApprovalRequest,
     ApprovalStore,
     Decision,
+    InvalidDecisionError,
     arguments_digest,
 )
 
@@ -298,3 +300,74 @@ async def test_the_rules_policy_is_kept_with_the_review(store: ApprovalStore) ->
     made = await store.create(replace(request(), policy=policy))
     assert (await store.get(made.approval_id)).request.policy == policy
     assert (await store.create(request("call_2"))).request.policy == {}
+
+
+def needing(approvals: int, call_id: str = "call_1") -> ApprovalRequest:
+    return replace(request(call_id), approvals_required=approvals)
+
+
+async def test_n_of_m_needs_distinct_approvers(store: ApprovalStore) -> None:
+    record = await store.create(needing(2))
+    first = await store.vote(record.approval_id, APPROVE, channel="slack")
+    assert first.status == "pending"
+    with pytest.raises(ApprovalAlreadyVoted, match="ana has already voted"):
+        await store.vote(record.approval_id, APPROVE)
+    second = await store.vote(
+        record.approval_id, Decision(approved=True, decided_by="bob"), channel="web"
+    )
+    assert second.status == "approved"
+    assert second.decision is not None
+    assert second.decision.decided_by == "ana, bob"
+    kinds = [(e.kind, e.actor) for e in await store.events(record.approval_id)]
+    assert kinds == [
+        ("created", "carol"),
+        ("voted", "ana"),
+        ("refused", "ana"),
+        ("voted", "bob"),
+        ("decided", "ana, bob"),
+    ]
+    with pytest.raises(ApprovalAlreadyDecided):
+        await store.vote(record.approval_id, Decision(approved=False, decided_by="dan"))
+
+
+async def test_any_deny_denies_at_once(store: ApprovalStore) -> None:
+    record = await store.create(needing(3))
+    await store.vote(record.approval_id, APPROVE)
+    denied = await store.vote(record.approval_id, DENY)
+    assert denied.status == "denied"
+    assert denied.decision == DENY
+
+
+async def test_votes_that_cannot_count_are_refused_and_record_nothing(
+    store: ApprovalStore,
+) -> None:
+    record = await store.create(needing(2))
+    with pytest.raises(InvalidDecisionError, match="needs decided_by"):
+        await store.vote(record.approval_id, Decision(approved=True))
+    edit = Decision(approved=True, edited_args={"amount": 1}, decided_by="ana")
+    with pytest.raises(InvalidDecisionError, match="cannot be edited"):
+        await store.vote(record.approval_id, edit)
+    assert [e.kind for e in await store.events(record.approval_id)] == ["created"]
+    with pytest.raises(ApprovalNotFound):
+        await store.vote("apr_missing", APPROVE)
+
+
+async def test_with_one_approval_required_a_vote_is_the_decision(store: ApprovalStore) -> None:
+    record = await store.create(request())
+    edit = Decision(approved=True, edited_args={"amount": 1}, decided_by="ana")
+    decided = await store.vote(record.approval_id, edit)
+    assert decided.decision == edit
+
+
+async def test_concurrent_votes_reach_the_quorum_once(store: ApprovalStore) -> None:
+    record = await store.create(needing(2))
+    voters = [Decision(approved=True, decided_by=f"user{n}") for n in range(4)]
+    outcomes = await asyncio.gather(
+        *(store.vote(record.approval_id, vote) for vote in voters), return_exceptions=True
+    )
+    decided = await store.get(record.approval_id)
+    assert decided.status == "approved"
+    late = [o for o in outcomes if isinstance(o, BaseException)]
+    assert all(isinstance(o, ApprovalAlreadyDecided) for o in late)
+    assert len(late) == 2
+    assert [e.kind for e in await store.events(record.approval_id)].count("decided") == 1

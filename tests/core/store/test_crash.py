@@ -126,7 +126,7 @@ async def test_killed_while_the_tool_runs_the_call_never_runs_again(
     assert app.ran == []
     assert record.consumed and not record.finished
     assert record.decision is not None and record.decision.decided_by == "ana"
-    assert [e.kind for e in events] == ["created", "decided", "consumed", "refused"]
+    assert [e.kind for e in events] == ["created", "voted", "decided", "consumed", "refused"]
     assert events[-1].detail == {"reason": CONCURRENT_USE_REASON}
 
 

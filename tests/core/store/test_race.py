@@ -103,6 +103,7 @@ async def test_concurrent_resumes_from_many_processes_run_the_tool_once(
     kinds = Counter(event.kind for event in events)
     assert kinds == {
         "created": 1,
+        "voted": 1,
         "decided": 1,
         "consumed": 1,
         "finished": 1,

@@ -156,7 +156,7 @@ def test_a_bare_path_means_a_sqlite_file(tmp_path: Path) -> None:
 
 
 def test_head_revision_is_the_newest_migration() -> None:
-    assert head_revision() == "0004"
+    assert head_revision() == "0005"
 
 
 def hold_write_lock(path: Path) -> sqlite3.Connection:
