@@ -27,7 +27,10 @@ TOKENS = {
 WHO = {"ana": "NODBOT_TOKEN_ANA", "lead": "NODBOT_TOKEN_LEAD", "other": "NODBOT_TOKEN_OTHER"}
 
 
-def config(tmp_path: Path) -> Path:
+REVIEW = "    reviewers: [U0123LEADS]"
+
+
+def config(tmp_path: Path, review: str = REVIEW) -> Path:
     path = tmp_path / "nodbot.yml"
     path.write_text(
         f"""
@@ -52,7 +55,7 @@ agents:
 rules:
   - tool: refund
     when: {{gt: {{amount: 100}}}}
-    reviewers: [U0123LEADS]
+{review}
 """
     )
     return path
@@ -183,3 +186,32 @@ def test_nodbot_serve_runs_the_bot_until_interrupted(tmp_path: Path) -> None:
         finally:
             if process.poll() is None:
                 process.kill()
+
+
+async def test_a_review_that_needs_two_approvals_waits_for_both(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for name, value in TOKENS.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.chdir(ROOT)
+    review = "    reviewers: [U0123LEADS, U0777OTHER]\n    approvals_required: 2"
+    async with (
+        serving(str(config(tmp_path, review))) as bot,
+        httpx.AsyncClient(base_url=bot.url) as client,
+    ):
+        body = {"agent": "support", "input": "Refund", "requested_by": "U0999CAROL"}
+        run = (await client.post("/runs", json=body, headers=as_("ana"))).json()
+        [pending] = run["pending"]
+        decide = f"/approvals/{pending['approval_id']}/decide"
+        first = await client.post(decide, json={"action": "approve"}, headers=as_("lead"))
+        assert (first.status_code, first.json()["status"]) == (200, "pending")
+        again = await client.post(decide, json={"action": "approve"}, headers=as_("lead"))
+        assert again.status_code == 409
+        assert again.json()["error"] == "you have voted on this approval already"
+        edit = {"action": "edit", "arguments": {"amount": 1}}
+        refused = await client.post(decide, json=edit, headers=as_("other"))
+        assert refused.status_code == 422
+        second = await client.post(decide, json={"action": "approve"}, headers=as_("other"))
+        assert second.json()["decision"]["decided_by"] == "U0123LEADS, U0777OTHER"
+        finished = await until_finished(client, run["run_id"])
+        assert finished["status"] == "finished"
