@@ -80,7 +80,15 @@ class RulesPort(DeferredApproval):
     def _policy(self, index: int, rule: Rule) -> dict[str, Any]:
         """What the rule says about the review, kept with it for the channels."""
         reviewers = self.config.expand(rule.reviewers or [])
+        escalation: dict[str, Any] = {}
+        if rule.escalate_after is not None and rule.escalate_to is not None:
+            at = self._clock() + timedelta(seconds=rule.escalate_after)
+            escalation = {
+                "escalate_at": at.isoformat(),
+                "escalate_to": [r.text for r in self.config.expand(rule.escalate_to)],
+            }
         return {
+            **escalation,
             "rule": index,
             "description": rule.description,
             "reviewers": [reviewer.text for reviewer in reviewers],
@@ -91,16 +99,27 @@ class RulesPort(DeferredApproval):
         }
 
 
-def authorize_by_rules(principal: str, record: ApprovalRecord, decision: Decision) -> str | None:
+def authorize_by_rules(
+    principal: str,
+    record: ApprovalRecord,
+    decision: Decision,
+    *,
+    now: datetime | None = None,
+) -> str | None:
     """Whether `principal` may make `decision` on `record`, by the policy its rule left with
     it: None to allow, or the reason to refuse. Reviewers are matched by their id or address
-    (case-insensitively); members of Slack channels and user groups are checked in Slack."""
+    (case-insensitively); members of Slack channels and user groups are checked in Slack.
+    From the rule's `escalate_after` on, its `escalate_to` reviewers may decide too."""
     policy = record.request.policy
     action = "deny" if not decision.approved else "edit" if decision.edited_args else "approve"
     own = record.request.requested_by == principal
     if action != "deny" and own and not policy.get("allow_self_approval", False):
         return SELF_APPROVAL_REASON
-    reviewers = [str(reviewer).lower() for reviewer in policy.get("reviewers", [])]
+    listed = list(policy.get("reviewers", []))
+    escalate_at = policy.get("escalate_at")
+    if escalate_at and (now or utc_now()) >= datetime.fromisoformat(escalate_at):
+        listed += policy.get("escalate_to", [])
+    reviewers = [str(reviewer).lower() for reviewer in listed]
     if reviewers and principal.lower() not in reviewers:
         return "you are not one of the reviewers of this call"
     allowed = policy.get("allowed_decisions")

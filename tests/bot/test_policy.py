@@ -196,3 +196,40 @@ async def test_a_review_keeps_its_rules_policy(shop: Shop) -> None:
         "approvals_required": 1,
         "allow_self_approval": False,
     }
+
+
+def test_escalation_lets_the_escalate_to_reviewers_decide_from_its_time() -> None:
+    escalate_at = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
+    policy = {
+        "reviewers": ["U0123ABCDE"],
+        "escalate_at": escalate_at.isoformat(),
+        "escalate_to": ["finance@example.com"],
+    }
+    record = reviewed(policy)
+    before = authorize_by_rules(
+        "finance@example.com", record, APPROVE, now=escalate_at - timedelta(seconds=1)
+    )
+    assert before == "you are not one of the reviewers of this call"
+    assert authorize_by_rules("finance@example.com", record, APPROVE, now=escalate_at) is None
+    assert authorize_by_rules("U0123ABCDE", record, APPROVE, now=escalate_at) is None
+
+
+async def test_a_review_keeps_its_escalation(tmp_path: Path) -> None:
+    path = tmp_path / "nodbot.yml"
+    path.write_text(
+        "reviewer_groups:\n"
+        "  finance: [finance@example.com, U0555FINANCE]\n"
+        "rules:\n"
+        "  - tool: refund\n"
+        "    reviewers: [U0123ABCDE]\n"
+        "    timeout: 1h\n"
+        "    escalate_after: 15m\n"
+        "    escalate_to: [group:finance]\n"
+    )
+    asked_at = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
+    shop = Shop(path, clock=lambda: asked_at)
+    pending = await shop.call("refund", order_id="A-1", amount=5)
+    assert pending.error is not None
+    record = await shop.store.get(pending.error.details["approval_id"])
+    assert record.request.policy["escalate_at"] == (asked_at + timedelta(minutes=15)).isoformat()
+    assert record.request.policy["escalate_to"] == ["finance@example.com", "U0555FINANCE"]
