@@ -15,8 +15,9 @@ $(VENV)/.installed: pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install --quiet -e '.[test]'
 	touch $@
 
+# The bot on SQLite with the example support agent; it prints how to decide the paused call.
 demo: $(VENV)/.installed
-	$(BIN)/python examples/howto_hitl.py
+	$(BIN)/python examples/bot_demo.py
 
 lint: $(VENV)/.installed
 	$(BIN)/ruff check $(LINTED)
@@ -38,6 +39,7 @@ $(VENV)/.bench-installed: pyproject.toml | $(VENV)/.installed
 bench: $(VENV)/.bench-installed
 	$(BIN)/python bench/cycle.py
 	$(BIN)/python bench/list_pending.py
+	$(BIN)/python bench/bot.py
 
 clean:
 	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache

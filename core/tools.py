@@ -149,6 +149,7 @@ class ToolRegistry:
 
     def __init__(self) -> None:
         self._tools: dict[str, Tool] = {}
+        self._specs: list[ToolSpec] | None = None
 
     @overload
     def tool(self, function: Callable[..., Any], /) -> Tool: ...
@@ -215,6 +216,7 @@ class ToolRegistry:
             context_parameter=context_parameter,
         )
         self._tools[tool_name] = tool
+        self._specs = None
         return tool
 
     @classmethod
@@ -233,6 +235,7 @@ class ToolRegistry:
                         "unique across the agents of one bot"
                     )
                 merged._tools[tool.name] = tool
+        merged._specs = None
         return merged
 
     def get(self, name: str) -> Tool:
@@ -243,8 +246,11 @@ class ToolRegistry:
             raise UnknownToolError(tool=name, known=sorted(self._tools)) from None
 
     def specs(self) -> list[ToolSpec]:
-        """Every tool as a chat model sees it."""
-        return [tool.spec() for tool in self._tools.values()]
+        """Every tool as a chat model sees it (built once per set of tools: every model turn
+        asks for it, and a JSON schema is not cheap to make)."""
+        if self._specs is None:
+            self._specs = [tool.spec() for tool in self._tools.values()]
+        return list(self._specs)
 
     def __contains__(self, name: object) -> bool:
         return name in self._tools

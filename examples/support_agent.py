@@ -40,7 +40,7 @@ chat = ScriptedChat(
                 )
             ]
         ),
-        "The refund of 120.0 on order A-1001 is done.",
+        "I asked for the refund of order A-1001; the reviewer's decision is in its result.",
     ]
 )
 

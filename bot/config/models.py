@@ -27,6 +27,7 @@ from bot.config.values import (
     ImportPath,
     Name,
     PostTarget,
+    Principal,
     Reviewer,
     ReviewerEntry,
 )
@@ -104,8 +105,10 @@ Secret: TypeAlias = Annotated[SecretStr, BeforeValidator(_secret)]
 class ApiToken(ConfigModel):
     """One bearer token of the HTTP API and who it stands for."""
 
-    name: Name
-    """The principal: recorded as `decided_by` for the decisions made with this token."""
+    name: Principal
+    """The principal: recorded as `decided_by` for the decisions made with this token, and
+    matched against the rules' reviewers (so name it after its holder's Slack user id or
+    email address)."""
     token: Secret
     """The secret itself, at least 16 characters; write it as `${NODBOT_TOKEN_<NAME>}` so it
     stays out of the file."""

@@ -153,6 +153,21 @@ def _name(value: str) -> str:
 Name: TypeAlias = Annotated[str, AfterValidator(_name)]
 """An agent or reviewer group name: letters, digits, `-` and `_`."""
 
+_PRINCIPAL = re.compile(r"[A-Za-z0-9_.+@-]+")
+
+
+def _principal(value: str) -> str:
+    if not _PRINCIPAL.fullmatch(value):
+        raise problem(
+            "expected a principal of letters, digits and - _ . + @ (a name, a Slack user id or "
+            f"an email address), not {value!r}"
+        )
+    return value
+
+
+Principal: TypeAlias = Annotated[str, AfterValidator(_principal)]
+"""Who an API token stands for: a name, a Slack user id or an email address."""
+
 
 def _import_path(value: str) -> str:
     if not _IMPORT_PATH.fullmatch(value):

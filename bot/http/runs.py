@@ -9,7 +9,7 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Annotated
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 from starlette.requests import Request
@@ -20,9 +20,9 @@ from bot.http.auth import ApiError, TokenTable
 from bot.http.common import json_body, json_response, parse
 from bot.http.schemas import ApprovalView
 from bot.service import BotService, UnknownAgentError
-from core import RunNotFound, RunRecord, RunStatus
+from core import RunNotFound, RunRecord, RunStatus, ToolMessage
 
-__all__ = ["RunBody", "RunView", "run_routes"]
+__all__ = ["RunBody", "RunView", "ToolResultView", "run_routes"]
 
 
 class RunBody(BaseModel):
@@ -39,6 +39,17 @@ class RunBody(BaseModel):
     may not approve the run's calls."""
 
 
+class ToolResultView(BaseModel):
+    """One call of the run that has been answered: what ran, or why not."""
+
+    tool: str
+    status: Literal["ok", "error"]
+    content: str
+    """`{"result": ...}` or `{"error": ...}`, as the model read it."""
+    arguments: dict[str, Any] | None
+    """The arguments the tool ran with (after any edit); None when it did not run."""
+
+
 class RunView(BaseModel):
     """A run as the API shows it."""
 
@@ -53,6 +64,8 @@ class RunView(BaseModel):
     updated_at: datetime
     pending: list[ApprovalView] = Field(default_factory=list)
     """The approvals the run waits for."""
+    tool_results: list[ToolResultView] = Field(default_factory=list)
+    """The run's answered calls, in order."""
 
 
 def run_routes(service: BotService, tokens: TokenTable) -> list[Route]:
@@ -94,4 +107,14 @@ async def _view(service: BotService, run: RunRecord) -> RunView:
         created_at=run.created_at,
         updated_at=run.updated_at,
         pending=[ApprovalView.of(record) for record in pending],
+        tool_results=[
+            ToolResultView(
+                tool=message.name,
+                status=message.status,
+                content=message.content,
+                arguments=message.arguments,
+            )
+            for message in run.messages
+            if isinstance(message, ToolMessage)
+        ],
     )

@@ -138,8 +138,8 @@ def test_a_token_needs_every_key_and_no_other(tmp_path: Path) -> None:
     assert sorted(found) == [
         f"{file}:3: api.tokens.0.role: unknown key 'role'; expected one of: name, token, scopes",
         f"{file}:3: api.tokens.0.token: the required key 'token' is missing",
-        f"{file}:4: api.tokens.1.name: expected a name of letters, digits, - and _, "
-        "not 'not a name'",
+        f"{file}:4: api.tokens.1.name: expected a principal of letters, digits and - _ . + @ "
+        "(a name, a Slack user id or an email address), not 'not a name'",
     ]
 
 

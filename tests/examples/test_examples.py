@@ -59,3 +59,29 @@ def test_the_expected_output_is_the_seed_documents_own() -> None:
 
 def test_refund_edit_runs_the_edited_refund_once() -> None:
     assert run_example("refund_edit.py") == REFUND_EDIT_OUTPUT
+
+
+@pytest.mark.parametrize(
+    ("answer", "expected"),
+    [
+        ("approve", "The refund ran with {'order_id': 'A-1001', 'amount': 120.0}"),
+        ("edit", "The refund ran with {'order_id': 'A-1001', 'amount': 100.0}"),
+        ("deny", 'The refund did not run: {"error":"approval denied for tool \'refund\': '),
+    ],
+)
+def test_the_bot_demo_pauses_the_refund_and_finishes_after_the_decision(
+    answer: str, expected: str
+) -> None:
+    completed = subprocess.run(
+        [sys.executable, str(ROOT / "examples" / "bot_demo.py"), "--auto", answer, "--port", "0"],
+        capture_output=True,
+        check=True,
+        cwd=ROOT,
+        timeout=60,
+        text=True,
+    )
+    lines = completed.stdout.splitlines()
+    assert lines[0].startswith("nodbot is serving http://127.0.0.1:")
+    assert lines[1].endswith("asks: refund {'amount': 120.0, 'order_id': 'A-1001'}")
+    assert any(line.startswith(expected) for line in lines), completed.stdout
+    assert lines[-1].split(": ", 1)[0].endswith("finished")

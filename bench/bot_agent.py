@@ -1,0 +1,68 @@
+"""The agent of `bench/bot.py`: its refund tool writes down when it runs, and how often.
+
+Every run asks for one refund (of the order and amount in its input, written
+`refund <order> <amount>`) and then answers "done". When the tool runs it records
+`time.perf_counter()` in `RAN_AT[order_id]` and counts the run in `RUNS[order_id]`; the bot
+runs in the benchmark's process, so the benchmark reads both directly, on the same clock.
+Order ids must be unique per run for the figures to mean anything.
+
+The bot imports it as `bench.bot_agent:agent` (from the repository's root); the benchmark must
+import it under the same name to see the same dictionaries.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from collections.abc import Sequence
+
+from core import (
+    Agent,
+    AssistantMessage,
+    ChatResponse,
+    HumanMessage,
+    Message,
+    ToolCall,
+    ToolRegistry,
+    ToolSpec,
+)
+
+__all__ = ["RAN_AT", "RUNS", "agent", "forget", "tools"]
+
+RAN_AT: dict[str, float] = {}
+"""order_id -> `time.perf_counter()` when the refund of that order ran (the last time)."""
+RUNS: Counter[str] = Counter()
+"""order_id -> how many times the refund of that order ran."""
+
+tools = ToolRegistry()
+
+
+@tools.tool(effects="destructive")
+def refund(order_id: str, amount: float) -> str:
+    """Refund an amount on an order."""
+    RAN_AT[order_id] = time.perf_counter()
+    RUNS[order_id] += 1
+    return f"refunded {amount} on {order_id}"
+
+
+def forget() -> None:
+    """Clear what the tool has recorded."""
+    RAN_AT.clear()
+    RUNS.clear()
+
+
+class RefundChat:
+    """Asks for the refund named in the run's input, then says it is done."""
+
+    async def respond(self, messages: Sequence[Message], tools: Sequence[ToolSpec]) -> ChatResponse:
+        if any(isinstance(message, AssistantMessage) for message in messages):
+            return ChatResponse(content="done")
+        [asked] = [m for m in messages if isinstance(m, HumanMessage)]
+        _, order_id, amount = asked.content.split()
+        call = ToolCall(
+            id="call_1", name="refund", arguments={"order_id": order_id, "amount": amount}
+        )
+        return ChatResponse(tool_calls=[call])
+
+
+agent = Agent(RefundChat(), tools)

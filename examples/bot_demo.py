@@ -1,0 +1,116 @@
+"""The bot, on this machine: `make demo`.
+
+Starts nodbot on a SQLite file with the example support agent, starts a run whose refund of
+120.0 pauses for review, and tells you how to approve, edit or deny it over the HTTP API.
+When you have decided, it shows the run finish. Ctrl-C stops it.
+
+    python examples/bot_demo.py                  # you decide, with the commands it prints
+    python examples/bot_demo.py --auto edit      # it decides for you (approve, edit, deny)
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import secrets
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from bot.serve import serving
+
+ROOT = Path(__file__).resolve().parents[1]
+REVIEWER = "demo-lead@example.com"
+
+CONFIG = """\
+store: {{url: "sqlite:///{folder}/nodbot.db"}}
+server: {{host: 127.0.0.1, port: {port}}}
+api:
+  tokens:
+    - name: {reviewer}
+      token: {token}
+      scopes: [runs:write, approvals:read, approvals:decide]
+agents:
+  support: examples.support_agent:agent
+rules:
+  - tool: refund
+    when: {{gt: {{amount: 100}}}}
+    description: Refunds over 100 need a support lead.
+    reviewers: [{reviewer}]
+    allow_self_approval: true
+    editable: [amount]
+"""
+
+ANSWERS: dict[str, dict[str, Any]] = {
+    "approve": {"action": "approve"},
+    "edit": {"action": "edit", "arguments": {"amount": 100.0}},
+    "deny": {"action": "deny", "reason": "refund policy: at most 100 without a receipt"},
+}
+
+
+def instructions(url: str, token: str, approval_id: str) -> str:
+    decide = (
+        f"curl -s -X POST {url}/approvals/{approval_id}/decide -H 'Authorization: Bearer {token}'"
+    )
+    return "\n".join(
+        [
+            "The refund waits for you. Decide it with one of:",
+            f'  approve: {decide} -d \'{{"action": "approve"}}\'',
+            f'  edit:    {decide} -d \'{{"action": "edit", "arguments": {{"amount": 100}}}}\'',
+            f'  deny:    {decide} -d \'{{"action": "deny", "reason": "not without a receipt"}}\'',
+            f"See it:    curl -s {url}/approvals/{approval_id} -H 'Authorization: Bearer {token}'",
+        ]
+    )
+
+
+async def demo(auto: str | None, port: int) -> None:
+    token = secrets.token_urlsafe(16)
+    headers = {"Authorization": f"Bearer {token}"}
+    with tempfile.TemporaryDirectory(prefix="nodbot-demo-") as folder:
+        config = Path(folder) / "nodbot.yml"
+        config.write_text(CONFIG.format(folder=folder, port=port, reviewer=REVIEWER, token=token))
+        async with serving(str(config)) as bot, httpx.AsyncClient(base_url=bot.url) as client:
+            print(f"nodbot is serving {bot.url} (store {bot.store_url})")
+            body = {"agent": "support", "input": "Refund order A-1001", "requested_by": "carol"}
+            run = (await client.post("/runs", json=body, headers=headers)).json()
+            [pending] = run["pending"]
+            print(f"Run {run['run_id']} asks: {pending['tool']} {pending['arguments']}")
+            if auto is None:
+                print(instructions(bot.url, token, pending["approval_id"]))
+            else:
+                print(f"Deciding it: {auto}")
+                decide = f"/approvals/{pending['approval_id']}/decide"
+                await client.post(decide, json=ANSWERS[auto], headers=headers)
+            while True:
+                run = (await client.get(f"/runs/{run['run_id']}", headers=headers)).json()
+                if run["status"] in ("finished", "failed"):
+                    break
+                await asyncio.sleep(0.1)
+            approval = (
+                await client.get(f"/approvals/{pending['approval_id']}", headers=headers)
+            ).json()
+            decision = approval["decision"]
+            print(f"Decided by {decision['decided_by']}: {approval['status']}")
+            for result in run["tool_results"]:
+                ran = f"ran with {result['arguments']}" if result["arguments"] else "did not run"
+                print(f"The {result['tool']} {ran}: {result['content']}")
+            print(f"Run {run['run_id']} {run['status']}: {run['final_text'] or run['error']}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--auto", choices=sorted(ANSWERS), help="decide without a person")
+    parser.add_argument("--port", type=int, default=8080, help="0 picks a free port")
+    arguments = parser.parse_args()
+    os.chdir(ROOT)  # where examples.support_agent is imported from
+    try:
+        asyncio.run(demo(arguments.auto, arguments.port))
+    except KeyboardInterrupt:
+        print("stopped")
+
+
+if __name__ == "__main__":
+    main()
