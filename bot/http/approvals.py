@@ -105,6 +105,7 @@ def create_app(
             ApiError: _api_error,
             HTTPException: _http_error,
             StoreError: _store_error,
+            Exception: _unexpected_error,
         },
     )
 
@@ -213,3 +214,9 @@ async def _store_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, StoreError)
     log.warning("the store cannot be used: %s", exc)
     return _error(503, "the approval store cannot be used now", {"kind": exc.kind})
+
+
+async def _unexpected_error(request: Request, exc: Exception) -> Response:
+    # Logged in full here; the client learns only that it was not its fault.
+    log.error("unexpected error on %s %s", request.method, request.url.path, exc_info=exc)
+    return _error(500, "the bot failed to answer this request; it is logged", {})

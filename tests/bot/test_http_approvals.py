@@ -401,3 +401,21 @@ async def test_unknown_routes_answer_json_errors(api: Harness) -> None:
     response = await api.client.get("/nowhere")
     assert response.status_code == 404
     assert response.json() == {"error": "Not Found", "details": {}}
+
+
+async def test_an_unexpected_failure_answers_json_and_records_nothing(tmp_path: Path) -> None:
+    def broken(principal: str, record: ApprovalRecord, decision: Decision) -> str | None:
+        raise RuntimeError("policy service down")
+
+    async with (
+        SqlApprovalStore(f"sqlite:///{tmp_path / 'nodbot.db'}") as store,
+        serve(store, authorize_decision=broken) as api,
+    ):
+        _, _, approval_id = await api.pending("run_a")
+        answer = await api.decide(approval_id, "ana", action="approve")
+        assert (await api.store.get(approval_id)).status == "pending"
+    assert answer.status_code == 500
+    assert answer.json() == {
+        "error": "the bot failed to answer this request; it is logged",
+        "details": {},
+    }
