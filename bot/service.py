@@ -112,7 +112,17 @@ class BotService:
         return advanced
 
     async def work(self, stop: asyncio.Event) -> None:
-        """Run `step` whenever woken, and at least every `poll` seconds, until `stop` is set."""
+        """Run `step` whenever woken (by a decision here, or one that the database announces
+        from another process), and at least every `poll` seconds, until `stop` is set."""
+        listen = getattr(self.store, "listen", None)
+        unlisten = await listen(self.decided) if listen is not None else None
+        try:
+            await self._work(stop)
+        finally:
+            if unlisten is not None:
+                await unlisten()
+
+    async def _work(self, stop: asyncio.Event) -> None:
         while not stop.is_set():
             self._wake.clear()
             try:

@@ -9,7 +9,7 @@ records and errors. The rules for which events an operation appends live here, o
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal, Protocol, TypeAlias
@@ -241,6 +241,11 @@ class Backend(Protocol):
     ) -> list[Row]:
         """Claim waiting runs with no pending approval and running runs whose lease ran out
         before `at`, oldest first."""
+        ...
+
+    async def listen(self, woken: Callable[[], None]) -> Callable[[], Awaitable[None]]:
+        """Call `woken()` when any process decides an approval (where the database can say
+        so); returns the function that stops listening."""
         ...
 
     async def close(self) -> None:

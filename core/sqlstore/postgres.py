@@ -9,6 +9,7 @@ take a second statement.
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from datetime import datetime
 from typing import Any
 
@@ -64,6 +65,14 @@ WHERE run_id = $2 AND call_id = $3 AND finished_at IS NULL
 _ACTIVE = f"""
 SELECT {COLUMNS} FROM approvals WHERE run_id = $1 AND call_id = $2 AND finished_at IS NULL"""
 
+DECIDED_CHANNEL = "nodbot_decided"
+"""Notified with the run id whenever an approval is decided, so every bot wakes at once."""
+# Joined into a statement's result so that it is evaluated: the notice goes out on commit.
+_NOTIFY = f"""
+CROSS JOIN (
+    SELECT count(*) FROM (SELECT pg_notify('{DECIDED_CHANNEL}', run_id) FROM changed) AS sent
+) AS notified"""
+
 _DECIDE = f"""
 WITH changed AS (
     UPDATE approvals SET decision = $2, status = $3, decided_at = $4
@@ -73,7 +82,7 @@ WITH changed AS (
     {_EVENTS}
     SELECT approval_id, 'decided', $4::timestamptz, $5::text, $6::text, $7::text FROM changed
 )
-SELECT {COLUMNS} FROM changed"""
+SELECT {COLUMNS} FROM changed {_NOTIFY}"""
 
 _CONSUME = f"""
 WITH changed AS (
@@ -141,7 +150,7 @@ WITH picked AS (
            '{{"status":"' || status || '"}}'
     FROM changed
 )
-SELECT {COLUMNS} FROM changed"""
+SELECT {COLUMNS} FROM changed {_NOTIFY}"""
 
 _INSERT_RUN = f"""
 INSERT INTO runs ({RUN_COLUMNS})
@@ -183,13 +192,25 @@ def _row(record: asyncpg.Record | None) -> Row | None:
 class PostgresBackend:
     """Atomic store operations on a pool of asyncpg connections."""
 
-    def __init__(self, pool: asyncpg.Pool) -> None:
+    def __init__(self, pool: asyncpg.Pool, dsn: str) -> None:
         self._pool = pool
+        self._dsn = dsn
 
     @classmethod
     async def connect(cls, dsn: str) -> PostgresBackend:
         """Open a small pool on `dsn` (a plain `postgresql://` URL)."""
-        return cls(await asyncpg.create_pool(dsn, min_size=1, max_size=10, reset=_keep_session))
+        pool = await asyncpg.create_pool(dsn, min_size=1, max_size=10, reset=_keep_session)
+        return cls(pool, dsn)
+
+    async def listen(self, woken: Callable[[], None]) -> Callable[[], Awaitable[None]]:
+        """Call `woken()` whenever any process decides an approval; returns the closer."""
+        connection = await asyncpg.connect(self._dsn)
+
+        def notified(*_: object) -> None:
+            woken()
+
+        await connection.add_listener(DECIDED_CHANNEL, notified)
+        return connection.close
 
     async def _one(self, query: str, *arguments: Any) -> Row | None:
         return _row(await self._pool.fetchrow(query, *arguments))
@@ -316,6 +337,7 @@ class PostgresBackend:
                 )
             )
             await log(connection, "decided", decided_by, detail("status", status))
+            await connection.execute("SELECT pg_notify($1, $2)", DECIDED_CHANNEL, row["run_id"])
             return VoteResult("decided", changed)
 
     async def consume(self, approval_id: str, at: datetime, actor: str | None) -> Change:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import sqlite3
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
@@ -442,6 +442,14 @@ class SqliteBackend:
     def _fetch_run(db: sqlite3.Connection, run_id: str) -> Sequence[Any] | None:
         found: Sequence[Any] | None = db.execute(_SELECT_RUN, (run_id,)).fetchone()
         return found
+
+    async def listen(self, woken: Callable[[], None]) -> Callable[[], Awaitable[None]]:
+        # SQLite has no notices between processes: other processes' decisions are found by
+        # polling. This process's own decisions wake its workers directly.
+        async def nothing_to_close() -> None:
+            return None
+
+        return nothing_to_close
 
     async def close(self) -> None:
         self._db.close()

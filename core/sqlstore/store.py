@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from datetime import datetime, timedelta
 from typing import TypeAlias, cast
 from urllib.parse import urlencode
@@ -347,6 +347,14 @@ class SqlApprovalStore:
         with self._errors():
             rows = await backend.claim_ready(worker, now, now + timedelta(seconds=lease), limit)
         return [_run(row) for row in rows]
+
+    async def listen(self, woken: Callable[[], None]) -> Callable[[], Awaitable[None]]:
+        """Call `woken()` whenever any process decides an approval in this database
+        (PostgreSQL's LISTEN/NOTIFY; on SQLite only polling finds other processes'
+        decisions). Returns the coroutine function that stops listening."""
+        backend = await self._ready()
+        with self._errors():
+            return await backend.listen(woken)
 
     async def _ready(self) -> Backend:
         if self._backend is not None:

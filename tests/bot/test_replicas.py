@@ -12,6 +12,7 @@ import httpx
 import pytest
 
 from bot.serve import serving
+from core import Decision, SqlApprovalStore
 from tests.bot import ledger_agent
 from tests.support import postgres_database
 
@@ -82,3 +83,24 @@ async def test_two_replicas_resume_each_run_once(
             await asyncio.sleep(0.05)
         assert set(await statuses(clients[0], run_ids)) == {"finished"}
     assert sorted(ledger_agent.RUNS) == sorted((f"o-{n}", float(n + 1)) for n in range(RUNS))
+
+
+@pytest.mark.postgres
+async def test_a_decision_made_elsewhere_wakes_the_bot_at_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(ROOT)
+    ledger_agent.RUNS.clear()
+    async with postgres_database() as url:
+        path = config(tmp_path, url, "slow")
+        path.write_text(path.read_text() + "workers: {poll: 60}\n")  # polling would take 60 s
+        async with serving(str(path)) as bot, httpx.AsyncClient(base_url=bot.url) as client:
+            body = {"agent": "ledger", "input": "refund o-1 3"}
+            run = (await client.post("/runs", json=body, headers=HEADERS)).json()
+            approval_id = run["pending"][0]["approval_id"]
+            async with SqlApprovalStore(url) as elsewhere:  # another process, say
+                await elsewhere.vote(approval_id, Decision(approved=True, decided_by="U0123LEADS"))
+            started = time.monotonic()
+            while ledger_agent.RUNS != [("o-1", 3.0)]:
+                assert time.monotonic() - started < 5, "the bot was not woken by the notice"
+                await asyncio.sleep(0.01)
