@@ -8,6 +8,7 @@ import contextlib
 import sys
 from collections.abc import Sequence
 
+from bot.approvals_cli import add_approvals_commands, run_approvals_command
 from bot.config import ConfigError, check_agents, load_config
 from bot.serve import serve
 from core import NodbotError, SqlApprovalStore, __version__
@@ -50,6 +51,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--config", default="nodbot.yml", metavar="FILE", help="nodbot.yml")
     serve.add_argument("--host", help="listen address (default: server.host of the file)")
     serve.add_argument("--port", type=int, help="port (default: server.port; 0 picks one)")
+    add_approvals_commands(commands)
     return parser
 
 
@@ -104,6 +106,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if arguments.command == "serve":
             _serve(arguments.config, arguments.host, arguments.port)
+        elif arguments.command == "approvals":
+            print(asyncio.run(run_approvals_command(arguments)))
         else:
             print(asyncio.run(_migrate(arguments.store)))
     except ConfigError as error:

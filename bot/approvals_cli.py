@@ -1,0 +1,136 @@
+"""`nodbot approvals list|show|decide`: the approvals of a configuration's store, from a shell.
+
+A decision made here is a vote like one made over the API (channel `cli`), allowed by the
+same rules; a running bot picks it up (at once on PostgreSQL, within `workers.poll` on
+SQLite).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Sequence
+from typing import Any
+
+from bot.config import Config, load_agents, load_config
+from bot.policy import authorize_by_rules
+from core import (
+    ApprovalRecord,
+    ApprovalStatus,
+    Decision,
+    DeferredApproval,
+    Executor,
+    NodbotError,
+    SqlApprovalStore,
+    ToolDecision,
+    ToolRegistry,
+)
+
+__all__ = ["add_approvals_commands", "run_approvals_command"]
+
+CHANNEL = "cli"
+
+
+class RefusedError(NodbotError):
+    """The rules do not allow this decision."""
+
+    kind = "decision-refused"
+
+
+def add_approvals_commands(commands: Any) -> None:
+    """Add `approvals list|show|decide` to the `nodbot` parser."""
+    approvals = commands.add_parser("approvals", help="list, show and decide approvals")
+    actions = approvals.add_subparsers(dest="action", metavar="ACTION", required=True)
+    listing = actions.add_parser("list", help="approvals in creation order")
+    listing.add_argument("--status", choices=["pending", "approved", "denied"])
+    listing.add_argument("--run", help="only the approvals of this run")
+    listing.add_argument("--limit", type=int, default=50)
+    show = actions.add_parser("show", help="one approval, its arguments and its events")
+    show.add_argument("approval_id")
+    decide = actions.add_parser("decide", help="approve, edit or deny an approval")
+    decide.add_argument("approval_id")
+    decide.add_argument("action", choices=["approve", "edit", "deny"])
+    decide.add_argument("--as", dest="principal", required=True, help="who decides")
+    decide.add_argument("--arguments", help="for edit: a JSON object, e.g. '{\"amount\": 100}'")
+    decide.add_argument("--reason", help="why (the model is told, for a deny)")
+    for parser in (listing, show, decide):
+        parser.add_argument("--config", default="nodbot.yml", metavar="FILE")
+
+
+async def run_approvals_command(arguments: argparse.Namespace) -> str:
+    """Run one `approvals` command; returns what to print. Raises `NodbotError`s."""
+    config = load_config(arguments.config)
+    async with SqlApprovalStore(config.store.url, auto_migrate=config.store.auto_migrate) as store:
+        if arguments.action == "list":
+            status: ApprovalStatus | None = arguments.status
+            records = await store.list(run_id=arguments.run, status=status, limit=arguments.limit)
+            return _table(records)
+        if arguments.action == "show":
+            record = await store.get(arguments.approval_id)
+            events = await store.events(record.approval_id)
+            lines = [_describe(record), "events:"]
+            lines += [
+                f"  {e.at:%Y-%m-%d %H:%M:%S} {e.kind} {e.actor or ''} {e.channel or ''} "
+                f"{json.dumps(e.detail) if e.detail else ''}".rstrip()
+                for e in events
+            ]
+            return "\n".join(lines)
+        return await _decide(config, store, arguments)
+
+
+async def _decide(config: Config, store: SqlApprovalStore, arguments: argparse.Namespace) -> str:
+    edited = json.loads(arguments.arguments) if arguments.arguments else None
+    answer = ToolDecision(
+        action=arguments.action,
+        arguments=edited if arguments.action == "edit" else None,
+        message=arguments.reason,
+    )
+    decision = answer.to_decision(arguments.principal)
+    record = await store.get(arguments.approval_id)
+    refusal = authorize_by_rules(arguments.principal, record, decision)
+    if refusal is not None:
+        raise RefusedError(refusal)
+    # The agents' tools validate an edit, as over the API.
+    agents, _ = load_agents(config)
+    registry = ToolRegistry.merged(agent.tools for agent in agents.values())
+    executor = Executor(registry, approval=DeferredApproval(store))
+    decided = await executor.decide(record.approval_id, decision, channel=CHANNEL)
+    return _describe(decided)
+
+
+def _table(records: Sequence[ApprovalRecord]) -> str:
+    rows = [("APPROVAL", "STATUS", "TOOL", "RUN", "ARGUMENTS")]
+    rows += [
+        (
+            record.approval_id,
+            record.status,
+            record.request.tool,
+            record.request.run_id,
+            json.dumps(record.request.arguments, ensure_ascii=False)[:60],
+        )
+        for record in records
+    ]
+    widths = [max(len(row[column]) for row in rows) for column in range(4)]
+    return "\n".join(
+        "  ".join(cell.ljust(width) for cell, width in zip(row[:4], widths, strict=True))
+        + "  "
+        + row[4]
+        for row in rows
+    )
+
+
+def _describe(record: ApprovalRecord) -> str:
+    decision: Decision | None = record.decision
+    decided = "pending"
+    if decision is not None:
+        decided = f"{record.status} by {decision.decided_by}"
+        if decision.reason:
+            decided += f": {decision.reason}"
+    return "\n".join(
+        [
+            f"approval {record.approval_id} ({decided})",
+            f"  run {record.request.run_id}, call {record.request.call_id}, "
+            f"asked by {record.request.requested_by or 'nobody known'}",
+            f"  {record.request.tool} {json.dumps(record.request.arguments, ensure_ascii=False)}",
+        ]
+    )

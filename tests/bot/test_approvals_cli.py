@@ -1,0 +1,89 @@
+"""`nodbot approvals list|show|decide` against a configuration's store."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from bot.config import load_agents, load_config
+from bot.policy import rules_executor
+from core import SqlApprovalStore, ToolCall
+from tests.bot.test_cli import nodbot
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def write_config(tmp_path: Path) -> Path:
+    path = tmp_path / "nodbot.yml"
+    path.write_text(
+        f"""
+store: {{url: "sqlite:///{tmp_path / "nodbot.db"}"}}
+agents:
+  support: examples.support_agent:agent
+rules:
+  - tool: refund
+    reviewers: [U0123LEADS]
+    editable: [amount]
+"""
+    )
+    return path
+
+
+async def pause_a_refund(config_file: Path) -> str:
+    config = load_config(config_file)
+    agents, _ = load_agents(config)
+    async with SqlApprovalStore(config.store.url) as store:
+        executor = rules_executor(agents["support"].tools, config, store)
+        call = ToolCall(name="refund", arguments={"order_id": "A-1", "amount": 120}, id="c1")
+        result = await executor.run_call(call, executor.context("run_cli", requested_by="carol"))
+        assert result.error is not None
+        return str(result.error.details["approval_id"])
+
+
+def approvals(config_file: Path, *words: str) -> subprocess.CompletedProcess[str]:
+    command = [nodbot(), "approvals", *words, "--config", str(config_file)]
+    return subprocess.run(command, capture_output=True, text=True, cwd=ROOT, timeout=60)
+
+
+@pytest.fixture
+def paused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Path, str]:
+    monkeypatch.chdir(ROOT)
+    config_file = write_config(tmp_path)
+    return config_file, asyncio.run(pause_a_refund(config_file))
+
+
+def test_list_and_show(paused: tuple[Path, str]) -> None:
+    config_file, approval_id = paused
+    listed = approvals(config_file, "list", "--status", "pending")
+    assert listed.returncode == 0, listed.stderr
+    header, row = listed.stdout.splitlines()
+    assert header.split()[:4] == ["APPROVAL", "STATUS", "TOOL", "RUN"]
+    assert row.split()[:4] == [approval_id, "pending", "refund", "run_cli"]
+    shown = approvals(config_file, "show", approval_id)
+    assert shown.stdout.splitlines()[0] == f"approval {approval_id} (pending)"
+    assert 'refund {"amount": 120.0, "order_id": "A-1"}' in shown.stdout
+    assert " created carol" in shown.stdout
+
+
+def test_decide_is_allowed_by_the_rules_and_recorded(paused: tuple[Path, str]) -> None:
+    config_file, approval_id = paused
+    stranger = approvals(config_file, "decide", approval_id, "approve", "--as", "U0999OTHER")
+    assert stranger.returncode == 1
+    assert "you are not one of the reviewers of this call" in stranger.stderr
+    invalid = approvals(
+        config_file, "decide", approval_id, "edit", "--as", "U0123LEADS",
+        "--arguments", '{"amount": "lots"}',
+    )  # fmt: skip
+    assert invalid.returncode == 1
+    assert "invalid edited arguments for tool 'refund'" in invalid.stderr
+    decided = approvals(
+        config_file, "decide", approval_id, "edit", "--as", "U0123LEADS",
+        "--arguments", '{"amount": 100}',
+    )  # fmt: skip
+    assert decided.returncode == 0, decided.stderr
+    assert decided.stdout.startswith(f"approval {approval_id} (approved by U0123LEADS)")
+    shown = approvals(config_file, "show", approval_id)
+    assert " voted U0123LEADS cli" in shown.stdout
