@@ -27,6 +27,7 @@ from starlette.routing import Route
 from bot.config import ApiToken
 from bot.http.auth import ApiError, TokenTable
 from bot.http.common import json_body, json_response, parse
+from bot.http.openapi import openapi_document
 from bot.http.runs import run_routes
 from bot.http.schemas import (
     ApprovalDetail,
@@ -99,6 +100,12 @@ def create_app(
     ]
     if service is not None:
         routes += run_routes(service, table)
+    document = openapi_document(with_runs=service is not None)
+
+    async def openapi(request: Request) -> Response:
+        return JSONResponse(document)
+
+    routes.append(Route("/openapi.json", openapi, methods=["GET"]))
     return Starlette(
         routes=routes,
         exception_handlers={

@@ -217,3 +217,32 @@ async def test_a_review_that_needs_two_approvals_waits_for_both(
         assert second.json()["decision"]["decided_by"] == "U0123LEADS, U0777OTHER"
         finished = await until_finished(client, run["run_id"])
         assert finished["status"] == "finished"
+
+
+def refs(node: object) -> set[str]:
+    """Every `$ref` in a JSON document."""
+    if isinstance(node, dict):
+        found = {node["$ref"]} if isinstance(node.get("$ref"), str) else set()
+        return found.union(*(refs(value) for value in node.values()))
+    if isinstance(node, list):
+        return set().union(*(refs(value) for value in node))
+    return set()
+
+
+async def test_the_openapi_document_describes_every_route(served: Served) -> None:
+    async with httpx.AsyncClient(base_url=served.url) as client:
+        document = (await client.get("/openapi.json")).json()
+    assert document["openapi"] == "3.1.0"
+    assert set(document["paths"]) == {
+        "/healthz",
+        "/approvals",
+        "/approvals/{approval_id}",
+        "/approvals/{approval_id}/decide",
+        "/runs",
+        "/runs/{run_id}",
+    }
+    schemas = document["components"]["schemas"]
+    assert set(schemas["DecideBody"]["properties"]) == {"action", "arguments", "reason"}
+    assert {ref.rsplit("/", 1)[1] for ref in refs(document)} <= set(schemas)
+    decide = document["paths"]["/approvals/{approval_id}/decide"]["post"]
+    assert set(decide["responses"]) == {"200", "401", "403", "404", "409", "422"}

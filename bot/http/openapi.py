@@ -1,0 +1,142 @@
+"""The OpenAPI document of the HTTP API, built from the pydantic models the routes use, so
+the document and the code cannot drift apart. Served at `/openapi.json`."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel
+from pydantic.json_schema import models_json_schema
+
+from bot.http.runs import RunBody, RunView
+from bot.http.schemas import ApprovalDetail, ApprovalView, DecideBody, ErrorBody, HealthView
+from core import __version__
+
+__all__ = ["openapi_document"]
+
+_REF = "#/components/schemas/{model}"
+_ERRORS = {
+    "401": "no token, or an unknown one",
+    "403": "the token lacks the scope, or the rules refuse the decision",
+    "404": "no such approval or run",
+    "409": "already decided (the first decision wins), or already voted",
+    "422": "invalid fields, each named",
+}
+
+
+def _ref(model: type[BaseModel]) -> dict[str, Any]:
+    return {"$ref": _REF.format(model=model.__name__)}
+
+
+def _json(schema: dict[str, Any]) -> dict[str, Any]:
+    return {"content": {"application/json": {"schema": schema}}}
+
+
+def _answers(ok: str, model: type[BaseModel], *errors: str, many: bool = False) -> dict[str, Any]:
+    schema = {"type": "array", "items": _ref(model)} if many else _ref(model)
+    answers = {ok: {"description": "done", **_json(schema)}}
+    for status in errors:
+        answers[status] = {"description": _ERRORS[status], **_json(_ref(ErrorBody))}
+    return answers
+
+
+def _operation(
+    summary: str, scope: str | None, answers: dict[str, Any], **extra: Any
+) -> dict[str, Any]:
+    operation: dict[str, Any] = {"summary": summary, "responses": answers, **extra}
+    if scope is not None:
+        operation["security"] = [{"bearer": []}]
+        operation["description"] = f"Needs a token with the scope `{scope}`."
+    return operation
+
+
+def _param(name: str, where: str, schema: dict[str, Any]) -> dict[str, Any]:
+    return {"name": name, "in": where, "required": where == "path", "schema": schema}
+
+
+def _approval_paths() -> dict[str, Any]:
+    approval_id = _param("approval_id", "path", {"type": "string"})
+    query = [
+        _param("status", "query", {"enum": ["pending", "approved", "denied"]}),
+        _param("run_id", "query", {"type": "string"}),
+        _param("limit", "query", {"type": "integer", "minimum": 1, "maximum": 500}),
+    ]
+    return {
+        "/healthz": {
+            "get": _operation(
+                "Whether the bot can use its store", None, _answers("200", HealthView)
+            )
+        },
+        "/approvals": {
+            "get": _operation(
+                "Approvals in creation order",
+                "approvals:read",
+                _answers("200", ApprovalView, "401", "403", "422", many=True),
+                parameters=query,
+            )
+        },
+        "/approvals/{approval_id}": {
+            "get": _operation(
+                "One approval with its events",
+                "approvals:read",
+                _answers("200", ApprovalDetail, "401", "403", "404"),
+                parameters=[approval_id],
+            )
+        },
+        "/approvals/{approval_id}/decide": {
+            "post": _operation(
+                "Approve, edit or deny (a vote when the review needs several approvals)",
+                "approvals:decide",
+                _answers("200", ApprovalView, "401", "403", "404", "409", "422"),
+                parameters=[approval_id],
+                requestBody={"required": True, **_json(_ref(DecideBody))},
+            )
+        },
+    }
+
+
+def _run_paths() -> dict[str, Any]:
+    return {
+        "/runs": {
+            "post": _operation(
+                "Start a run of a configured agent",
+                "runs:write",
+                _answers("201", RunView, "401", "403", "422"),
+                requestBody={"required": True, **_json(_ref(RunBody))},
+            )
+        },
+        "/runs/{run_id}": {
+            "get": _operation(
+                "A run, with the approvals it waits for",
+                "approvals:read",
+                _answers("200", RunView, "401", "403", "404"),
+                parameters=[_param("run_id", "path", {"type": "string"})],
+            )
+        },
+    }
+
+
+def openapi_document(*, with_runs: bool) -> dict[str, Any]:
+    """The OpenAPI 3.1 document of the API (with the runs routes when they are served)."""
+    models: list[type[BaseModel]] = [
+        ApprovalDetail,
+        ApprovalView,
+        DecideBody,
+        ErrorBody,
+        HealthView,
+        RunBody,
+        RunView,
+    ]
+    _, schemas = models_json_schema(
+        [(model, "serialization") for model in models], ref_template=_REF
+    )
+    paths = _approval_paths() | (_run_paths() if with_runs else {})
+    return {
+        "openapi": "3.1.0",
+        "info": {"title": "nodbot", "version": __version__},
+        "paths": paths,
+        "components": {
+            "schemas": schemas["$defs"],
+            "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
+        },
+    }
