@@ -87,6 +87,7 @@ from core.store import (
     MemoryApprovalStore,
 )
 from core.tools import Effects, Tool, ToolRegistry, ToolSpec, arguments_digest
+from core.waiting import wait_for_decision
 
 __version__ = "0.1.0"
 
@@ -172,4 +173,5 @@ __all__ = [
     "merge_edit",
     "run_tool_loop",
     "should_interrupt",
+    "wait_for_decision",
 ]

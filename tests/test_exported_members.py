@@ -86,6 +86,7 @@ EXPECTED = {
     "merge_edit",
     "run_tool_loop",
     "should_interrupt",
+    "wait_for_decision",
 }
 
 
