@@ -76,6 +76,8 @@ class BotService:
             name: rules_executor(agent.tools, config, store) for name, agent in agents.items()
         }
         self._wake = asyncio.Event()
+        self.counters: dict[str, int] = {"runs_started": 0, "runs_advanced": 0}
+        """What this process has done since it started, for /metrics."""
 
     def agent(self, name: str) -> Agent:
         """The agent called `name`. Raises `UnknownAgentError`."""
@@ -94,6 +96,7 @@ class BotService:
             requested_by=requested_by,
             lease=self.lease,
         )
+        self.counters["runs_started"] += 1
         return await self._advance(run)
 
     def decided(self) -> None:
@@ -109,6 +112,7 @@ class BotService:
             for run in claimed:
                 await self._advance(run)
                 advanced += 1
+                self.counters["runs_advanced"] += 1
         return advanced
 
     async def work(self, stop: asyncio.Event) -> None:

@@ -255,6 +255,10 @@ class ApprovalStore(Protocol):
         """The audit log, oldest first, for one approval or all."""
         ...
 
+    async def counts(self) -> dict[ApprovalStatus, int]:
+        """How many approvals have each status."""
+        ...
+
     async def expire_due(self, *, limit: int = 100) -> _Records:
         """Decide up to `limit` pending approvals whose deadline has passed, each with its
         `on_timeout` decision (decided by `nodbot:timeout`, channel `timer`); returns them."""
@@ -402,6 +406,13 @@ class MemoryApprovalStore:
     async def events(self, approval_id: str | None = None) -> _Events:
         with self._lock:
             return [e for e in self._events if approval_id in (None, e.approval_id)]
+
+    async def counts(self) -> dict[ApprovalStatus, int]:
+        with self._lock:
+            found: dict[ApprovalStatus, int] = {"pending": 0, "approved": 0, "denied": 0}
+            for record in self._records.values():
+                found[record.status] += 1
+            return found
 
     async def expire_due(self, *, limit: int = 100) -> _Records:
         now = self._clock()

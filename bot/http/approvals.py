@@ -27,6 +27,7 @@ from starlette.routing import Route
 from bot.config import ApiToken
 from bot.http.auth import ApiError, TokenTable
 from bot.http.common import json_body, json_response, parse
+from bot.http.metrics import metrics_endpoint
 from bot.http.openapi import openapi_document
 from bot.http.runs import run_routes
 from bot.http.schemas import (
@@ -106,6 +107,11 @@ def create_app(
         return JSONResponse(document)
 
     routes.append(Route("/openapi.json", openapi, methods=["GET"]))
+
+    def counters() -> dict[str, int]:
+        return {**api.counters, **(service.counters if service is not None else {})}
+
+    routes.append(Route("/metrics", metrics_endpoint(store, counters), methods=["GET"]))
     return Starlette(
         routes=routes,
         exception_handlers={
@@ -133,6 +139,7 @@ class _ApprovalsApi:
         self.tokens = tokens
         self.authorize = authorize_decision or refuse_self_approval
         self.on_decided = on_decided
+        self.counters: dict[str, int] = {"decisions": 0}
 
     async def health(self, request: Request) -> Response:
         try:
@@ -187,6 +194,7 @@ class _ApprovalsApi:
                 422, "the edited arguments are not valid for the tool", details=exc.details()
             ) from None
         log.info("approval %s %s by %s via api", decided.approval_id, decided.status, principal)
+        self.counters["decisions"] += 1
         if self.on_decided is not None:
             self.on_decided()  # the run may be ready to go on
         return json_response(ApprovalView.of(decided))

@@ -243,6 +243,10 @@ class Backend(Protocol):
         before `at`, oldest first."""
         ...
 
+    async def counts(self) -> dict[str, int]:
+        """How many approvals have each status (statuses with none are left out)."""
+        ...
+
     async def listen(self, woken: Callable[[], None]) -> Callable[[], Awaitable[None]]:
         """Call `woken()` when any process decides an approval (where the database can say
         so); returns the function that stops listening."""

@@ -202,6 +202,12 @@ class PostgresBackend:
         pool = await asyncpg.create_pool(dsn, min_size=1, max_size=10, reset=_keep_session)
         return cls(pool, dsn)
 
+    async def counts(self) -> dict[str, int]:
+        records = await self._pool.fetch(
+            "SELECT status, count(*) AS number FROM approvals GROUP BY status"
+        )
+        return {record["status"]: record["number"] for record in records}
+
     async def listen(self, woken: Callable[[], None]) -> Callable[[], Awaitable[None]]:
         """Call `woken()` whenever any process decides an approval; returns the closer."""
         connection = await asyncpg.connect(self._dsn)

@@ -74,6 +74,7 @@ _SELECT_ACTIVE = (
 )
 
 
+_COUNTS = "SELECT status, count(*) FROM approvals GROUP BY status"
 _VOTES = "SELECT voter, decision FROM votes WHERE approval_id = ? ORDER BY seq"
 _INSERT_VOTE = "INSERT INTO votes (approval_id, voter, decision, at) VALUES (?, ?, ?, ?)"
 _EXPIRE = (
@@ -442,6 +443,10 @@ class SqliteBackend:
     def _fetch_run(db: sqlite3.Connection, run_id: str) -> Sequence[Any] | None:
         found: Sequence[Any] | None = db.execute(_SELECT_RUN, (run_id,)).fetchone()
         return found
+
+    async def counts(self) -> dict[str, int]:
+        rows = await self._fetch_all(_COUNTS, ())
+        return {str(row[0]): int(row[1]) for row in rows}
 
     async def listen(self, woken: Callable[[], None]) -> Callable[[], Awaitable[None]]:
         # SQLite has no notices between processes: other processes' decisions are found by

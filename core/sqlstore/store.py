@@ -348,6 +348,15 @@ class SqlApprovalStore:
             rows = await backend.claim_ready(worker, now, now + timedelta(seconds=lease), limit)
         return [_run(row) for row in rows]
 
+    async def counts(self) -> dict[ApprovalStatus, int]:
+        backend = await self._ready()
+        with self._errors():
+            found = await backend.counts()
+        return {
+            status: found.get(status, 0)
+            for status in cast(tuple[ApprovalStatus, ...], ("pending", "approved", "denied"))
+        }
+
     async def listen(self, woken: Callable[[], None]) -> Callable[[], Awaitable[None]]:
         """Call `woken()` whenever any process decides an approval in this database
         (PostgreSQL's LISTEN/NOTIFY; on SQLite only polling finds other processes'

@@ -246,3 +246,17 @@ async def test_the_openapi_document_describes_every_route(served: Served) -> Non
     assert {ref.rsplit("/", 1)[1] for ref in refs(document)} <= set(schemas)
     decide = document["paths"]["/approvals/{approval_id}/decide"]["post"]
     assert set(decide["responses"]) == {"200", "401", "403", "404", "409", "422"}
+
+
+async def test_metrics_count_approvals_runs_and_decisions(served: Served) -> None:
+    async with httpx.AsyncClient(base_url=served.url) as client:
+        await approve_flow(client)
+        answer = await client.get("/metrics")
+    assert answer.headers["content-type"].startswith("text/plain; version=0.0.4")
+    lines = set(answer.text.splitlines())
+    assert 'nodbot_approvals{status="approved"} 1' in lines
+    assert 'nodbot_approvals{status="pending"} 0' in lines
+    assert "nodbot_runs_started_total 1" in lines
+    assert "nodbot_runs_advanced_total 1" in lines
+    assert "nodbot_decisions_total 1" in lines
+    assert "# TYPE nodbot_decisions_total counter" in lines

@@ -371,3 +371,11 @@ async def test_concurrent_votes_reach_the_quorum_once(store: ApprovalStore) -> N
     assert all(isinstance(o, ApprovalAlreadyDecided) for o in late)
     assert len(late) == 2
     assert [e.kind for e in await store.events(record.approval_id)].count("decided") == 1
+
+
+async def test_counts_by_status(store: ApprovalStore) -> None:
+    assert await store.counts() == {"pending": 0, "approved": 0, "denied": 0}
+    ids = [(await store.create(request(f"call_{n}"))).approval_id for n in range(4)]
+    await store.decide(ids[0], APPROVE)
+    await store.decide(ids[1], DENY)
+    assert await store.counts() == {"pending": 2, "approved": 1, "denied": 1}
