@@ -10,6 +10,7 @@ from collections.abc import Sequence
 
 from bot.approvals_cli import add_approvals_commands, run_approvals_command
 from bot.config import ConfigError, check_agents, load_config
+from bot.runs_cli import add_runs_commands, run_runs_command
 from bot.serve import serve
 from core import NodbotError, SqlApprovalStore, __version__
 from core.sqlstore import head_revision
@@ -52,6 +53,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--host", help="listen address (default: server.host of the file)")
     serve.add_argument("--port", type=int, help="port (default: server.port; 0 picks one)")
     add_approvals_commands(commands)
+    add_runs_commands(commands)
     return parser
 
 
@@ -108,6 +110,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             _serve(arguments.config, arguments.host, arguments.port)
         elif arguments.command == "approvals":
             print(asyncio.run(run_approvals_command(arguments)))
+        elif arguments.command == "runs":
+            print(asyncio.run(run_runs_command(arguments)))
         else:
             print(asyncio.run(_migrate(arguments.store)))
     except ConfigError as error:
