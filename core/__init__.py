@@ -13,6 +13,7 @@ from core.decisions import (
     ToolInterrupt,
     approval_interrupt_id,
     as_decision,
+    check_edit_arguments,
     merge_edit,
 )
 from core.errors import (
@@ -164,6 +165,7 @@ __all__ = [
     "approval_interrupt_id",
     "arguments_digest",
     "as_decision",
+    "check_edit_arguments",
     "eq",
     "ge",
     "gt",

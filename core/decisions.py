@@ -36,6 +36,7 @@ __all__ = [
     "ToolInterrupt",
     "approval_interrupt_id",
     "as_decision",
+    "check_edit_arguments",
     "merge_edit",
 ]
 
@@ -109,12 +110,7 @@ class ToolDecision(BaseModel):
     def _arguments_only_for_edit(
         cls, arguments: dict[str, Any] | None, info: ValidationInfo
     ) -> dict[str, Any] | None:
-        action = info.data.get("action")
-        if action == "edit" and not arguments:
-            raise ValueError("an edit needs the arguments to change")
-        if action in ("approve", "deny") and arguments is not None:
-            raise ValueError(f"arguments go with action 'edit', not {action!r}")
-        return arguments
+        return check_edit_arguments(info.data.get("action"), arguments)
 
     def to_decision(self, decided_by: str | None = None) -> Decision:
         """The same answer as a `Decision`."""
@@ -124,6 +120,16 @@ class ToolDecision(BaseModel):
             reason=self.message,
             decided_by=decided_by,
         )
+
+
+def check_edit_arguments(action: object, arguments: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The arguments of an approve / edit / deny answer, checked: an edit needs them, the
+    others take none. Raises `ValueError` (a pydantic validator's error)."""
+    if action == "edit" and not arguments:
+        raise ValueError("an edit needs the arguments to change")
+    if action in ("approve", "deny") and arguments is not None:
+        raise ValueError(f"arguments go with action 'edit', not {action!r}")
+    return arguments
 
 
 def as_decision(answer: object, *, decided_by: str | None = None) -> Decision:

@@ -77,6 +77,7 @@ EXPECTED = {
     "approval_interrupt_id",
     "arguments_digest",
     "as_decision",
+    "check_edit_arguments",
     "eq",
     "ge",
     "gt",

@@ -8,7 +8,14 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 
-from core import ApprovalEvent, ApprovalRecord, ApprovalStatus, Decision
+from core import (
+    ApprovalEvent,
+    ApprovalRecord,
+    ApprovalStatus,
+    Decision,
+    ToolDecision,
+    check_edit_arguments,
+)
 
 __all__ = [
     "ApprovalDetail",
@@ -71,21 +78,12 @@ class DecideBody(_Model):
     def _only_for_edit(
         cls, arguments: dict[str, Any] | None, info: ValidationInfo
     ) -> dict[str, Any] | None:
-        action = info.data.get("action")
-        if action == "edit" and not arguments:
-            raise ValueError("an edit needs the arguments to change")
-        if action in ("approve", "deny") and arguments is not None:
-            raise ValueError(f"arguments go with action 'edit', not {action!r}")
-        return arguments
+        return check_edit_arguments(info.data.get("action"), arguments)
 
     def to_decision(self, decided_by: str) -> Decision:
         """The decision this body asks for, made by `decided_by`."""
-        return Decision(
-            approved=self.action != "deny",
-            edited_args=self.arguments if self.action == "edit" else None,
-            reason=self.reason,
-            decided_by=decided_by,
-        )
+        answer = ToolDecision(action=self.action, arguments=self.arguments, message=self.reason)
+        return answer.to_decision(decided_by)
 
 
 class DecisionView(_Model):
