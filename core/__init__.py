@@ -85,6 +85,8 @@ from core.store import (
     ApprovalRequest,
     ApprovalStatus,
     ApprovalStore,
+    Claim,
+    ClaimOutcome,
     MemoryApprovalStore,
 )
 from core.tools import Effects, Tool, ToolRegistry, ToolSpec, arguments_digest
@@ -114,6 +116,8 @@ __all__ = [
     "CallbackApproval",
     "ChatModel",
     "ChatResponse",
+    "Claim",
+    "ClaimOutcome",
     "ConfigurationError",
     "Decided",
     "Decision",

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Protocol, TypeAlias, runtime_checkable
 
 from core.decisions import Decision, as_decision
-from core.errors import ApprovalAlreadyConsumed, ApprovalMismatchError
+from core.errors import ApprovalMismatchError
 from core.store import CONCURRENT_USE_REASON, ApprovalRecord, ApprovalRequest, ApprovalStore
 
 __all__ = [
@@ -131,15 +131,15 @@ class DeferredApproval:
         self.actor = actor
 
     async def request(self, request: ApprovalRequest) -> PortAnswer:
-        record = await self.store.create(request)
-        _check_binding(record, request)
-        if record.decision is None:
+        claim = await self.store.claim(request, actor=self.actor)
+        record = claim.record
+        if claim.outcome == "mismatch":
+            raise _mismatch(record, request)
+        if claim.outcome == "pending":
             return Waiting(record.approval_id)
-        try:
-            record = await self.store.consume(record.approval_id, actor=self.actor)
-        except ApprovalAlreadyConsumed:
+        if claim.outcome == "in_use":
             return Decided(_denied(CONCURRENT_USE_REASON, "nodbot"), record.approval_id)
-        assert record.decision is not None  # consume() only succeeds on decided records
+        assert record.decision is not None  # a claim only takes decided records
         return Decided(record.decision, record.approval_id)
 
     async def settle(self, answer: Decided, *, outcome: str) -> None:
@@ -147,14 +147,11 @@ class DeferredApproval:
             await self.store.finish(answer.approval_id, outcome=outcome)
 
 
-def _check_binding(record: ApprovalRecord, request: ApprovalRequest) -> None:
+def _mismatch(record: ApprovalRecord, request: ApprovalRequest) -> ApprovalMismatchError:
+    """The error for a request whose call has an active record made for another call."""
     stored = record.request
-    reason = None
     if stored.tool != request.tool:
         reason = f"it was made for tool {stored.tool!r}"
-    elif stored.digest != request.digest:
+    else:
         reason = "it was made for other arguments"
-    if reason is not None:
-        raise ApprovalMismatchError(
-            tool=request.tool, approval_id=record.approval_id, reason=reason
-        )
+    return ApprovalMismatchError(tool=request.tool, approval_id=record.approval_id, reason=reason)

@@ -10,6 +10,8 @@ create ──► pending ──decide──► approved / denied ──consume�
 
 - `create` is create-if-absent: a call (run id, call id) has at most one *active* (not
   finished) record, and `create` returns it when it exists.
+- `claim` is what a call asking for review does: create-if-absent, and when the active record
+  is decided, consume it, in one atomic step (so a resume costs one transaction).
 - `decide` records the first decision; a second raises `ApprovalAlreadyDecided`.
 - `consume` spends the decision once; a second raises `ApprovalAlreadyConsumed`.
 - Once finished, a record is history: the same call asked again gets a new review.
@@ -47,6 +49,8 @@ __all__ = [
     "ApprovalRequest",
     "ApprovalStatus",
     "ApprovalStore",
+    "Claim",
+    "ClaimOutcome",
     "EventKind",
     "MemoryApprovalStore",
     "check_vote",
@@ -57,6 +61,7 @@ __all__ = [
 ApprovalStatus: TypeAlias = Literal["pending", "approved", "denied"]
 EventKind: TypeAlias = Literal["created", "voted", "decided", "consumed", "finished", "refused"]
 Clock: TypeAlias = Callable[[], datetime]
+ClaimOutcome: TypeAlias = Literal["pending", "mismatch", "taken", "in_use"]
 
 CONCURRENT_USE_REASON = "approval already used by a concurrent request"
 """The reason given to a call that lost the race for a decision."""
@@ -177,6 +182,22 @@ class ApprovalRecord:
 
 
 @dataclass(frozen=True)
+class Claim:
+    """What `ApprovalStore.claim` did with a call's request for review.
+
+    - `pending`: the active record waits for a decision (it may have just been created).
+    - `mismatch`: the active record was made for another tool or other arguments (by digest);
+      nothing changed.
+    - `taken`: the decision was consumed by this claim; `record` is the consumed record.
+    - `in_use`: another call consumed the decision and has not finished; the refused attempt
+      is in the events.
+    """
+
+    record: ApprovalRecord
+    outcome: ClaimOutcome
+
+
+@dataclass(frozen=True)
 class ApprovalEvent:
     """One line of the audit log. Events are appended and never changed."""
 
@@ -202,6 +223,11 @@ class ApprovalStore(Protocol):
 
     async def create(self, request: ApprovalRequest) -> ApprovalRecord:
         """The active record of the request's call, created pending if there is none."""
+        ...
+
+    async def claim(self, request: ApprovalRequest, *, actor: str | None = None) -> Claim:
+        """`create`, then, when the active record is decided and was made for the request's
+        tool and digest, `consume` it (by `actor`), as one atomic step. See `Claim`."""
         ...
 
     async def get(self, approval_id: str) -> ApprovalRecord:
@@ -278,16 +304,21 @@ class MemoryApprovalStore:
         self._votes: dict[str, list[Decision]] = {}
 
     async def create(self, request: ApprovalRequest) -> ApprovalRecord:
-        key = (request.run_id, request.call_id)
         with self._lock:
-            active = self._active.get(key)
-            if active is not None:
-                return self._records[active]
-            record = ApprovalRecord(new_id("apr_"), request, created_at=self._clock())
-            self._records[record.approval_id] = record
-            self._active[key] = self._newest[key] = record.approval_id
-            self._log(record.approval_id, "created", actor=request.requested_by)
-            return record
+            return self._create(request)
+
+    async def claim(self, request: ApprovalRequest, *, actor: str | None = None) -> Claim:
+        with self._lock:
+            record = self._create(request)
+            stored = record.request
+            if stored.tool != request.tool or stored.digest != request.digest:
+                return Claim(record, "mismatch")
+            if record.decision is None:
+                return Claim(record, "pending")
+            if record.consumed:
+                self._refuse(record.approval_id, CONCURRENT_USE_REASON, actor, "executor")
+                return Claim(record, "in_use")
+            return Claim(self._consume(record, actor), "taken")
 
     async def get(self, approval_id: str) -> ApprovalRecord:
         with self._lock:
@@ -381,13 +412,7 @@ class MemoryApprovalStore:
             if record.consumed:
                 self._refuse(approval_id, CONCURRENT_USE_REASON, actor, "executor")
                 raise ApprovalAlreadyConsumed(approval_id=approval_id)
-            now = self._clock()
-            record = replace(record, consumed_at=now)
-            self._log(approval_id, "consumed", actor=actor, channel="executor")
-            if record.status == "denied":
-                record = self._finish(record, "denied", now)
-            self._records[approval_id] = record
-            return record
+            return self._consume(record, actor)
 
     async def finish(self, approval_id: str, *, outcome: str) -> ApprovalRecord:
         with self._lock:
@@ -437,11 +462,31 @@ class MemoryApprovalStore:
                 expired.append(record)
         return expired
 
+    def _create(self, request: ApprovalRequest) -> ApprovalRecord:
+        key = (request.run_id, request.call_id)
+        active = self._active.get(key)
+        if active is not None:
+            return self._records[active]
+        record = ApprovalRecord(new_id("apr_"), request, created_at=self._clock())
+        self._records[record.approval_id] = record
+        self._active[key] = self._newest[key] = record.approval_id
+        self._log(record.approval_id, "created", actor=request.requested_by)
+        return record
+
     def _get(self, approval_id: str) -> ApprovalRecord:
         try:
             return self._records[approval_id]
         except KeyError:
             raise ApprovalNotFound(approval_id=approval_id) from None
+
+    def _consume(self, record: ApprovalRecord, actor: str | None) -> ApprovalRecord:
+        now = self._clock()
+        record = replace(record, consumed_at=now)
+        self._log(record.approval_id, "consumed", actor=actor, channel="executor")
+        if record.status == "denied":
+            record = self._finish(record, "denied", now)
+        self._records[record.approval_id] = record
+        return record
 
     def _finish(self, record: ApprovalRecord, outcome: str, now: datetime) -> ApprovalRecord:
         key = (record.request.run_id, record.request.call_id)

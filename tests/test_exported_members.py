@@ -26,6 +26,8 @@ EXPECTED = {
     "CallbackApproval",
     "ChatModel",
     "ChatResponse",
+    "Claim",
+    "ClaimOutcome",
     "ConfigurationError",
     "Decided",
     "Decision",

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal, Protocol, TypeAlias
 
-from core.store import CONCURRENT_USE_REASON
+from core.store import CONCURRENT_USE_REASON, ApprovalRequest
 from core.tools import canonical_json
 
 __all__ = [
@@ -27,11 +27,13 @@ __all__ = [
     "RUN_COLUMN_NAMES",
     "Backend",
     "Change",
+    "Claimed",
     "EventRow",
     "EventValues",
     "Outcome",
     "Row",
     "VoteResult",
+    "claim_step",
     "consume_refusal",
     "consumed_events",
     "detail",
@@ -128,6 +130,28 @@ class VoteResult:
     row: Row | None
 
 
+ClaimStep: TypeAlias = Literal["pending", "mismatch", "take", "in_use"]
+
+
+def claim_step(active: Row, wanted: ApprovalRequest) -> ClaimStep:
+    """What a claim does with the call's active record: leave it (`pending`, or `mismatch`
+    when it was made for another tool or other arguments), consume it (`take`), or refuse
+    (`in_use`: another call consumed it and has not finished)."""
+    if active["tool"] != wanted.tool or active["digest"] != wanted.digest:
+        return "mismatch"
+    if active["decided_at"] is None:
+        return "pending"
+    return "take" if active["consumed_at"] is None else "in_use"
+
+
+@dataclass(frozen=True)
+class Claimed:
+    """The outcome of a claim, as `core.store.Claim` has it, with the row."""
+
+    outcome: Literal["pending", "mismatch", "taken", "in_use"]
+    row: Row
+
+
 @dataclass(frozen=True)
 class Change:
     """The outcome of a conditional write."""
@@ -156,6 +180,18 @@ class Backend(Protocol):
 
     async def create(self, row: Row, event_at: datetime) -> Row:
         """Insert `row` unless the call has an active record; return the active record."""
+        ...
+
+    async def claim(
+        self,
+        request: ApprovalRequest,
+        new_row: Callable[[], Row],
+        event_at: datetime,
+        actor: str | None,
+    ) -> Claimed:
+        """In one transaction: the request's call's active record, else `create(new_row())`;
+        when the active record is decided (and `claim_step` says take), consume it as
+        `consume` does, or refuse as it does."""
         ...
 
     async def get(self, approval_id: str) -> Row | None:

@@ -24,14 +24,16 @@ from core.sqlstore.backend import (
     RUN_COLUMN_NAMES,
     RUN_COLUMNS,
     Change,
+    Claimed,
     EventRow,
     Outcome,
     Row,
     VoteResult,
+    claim_step,
     detail,
     detail_flag,
 )
-from core.store import ALREADY_VOTED, CONCURRENT_USE_REASON, TIMEOUT_DECIDER
+from core.store import ALREADY_VOTED, CONCURRENT_USE_REASON, TIMEOUT_DECIDER, ApprovalRequest
 
 __all__ = ["PostgresBackend"]
 
@@ -236,6 +238,27 @@ class PostgresBackend:
             if active is None:
                 active = await self._one(_CREATE, *arguments)
         return active
+
+    async def claim(
+        self,
+        request: ApprovalRequest,
+        new_row: Callable[[], Row],
+        event_at: datetime,
+        actor: str | None,
+    ) -> Claimed:
+        # Two statements, each atomic on its own: the consume's condition (decided, not
+        # consumed) is what makes one call win, whatever happened between them.
+        row = new_row()
+        active = await self.create(row, event_at)
+        if active["approval_id"] == row["approval_id"]:
+            return Claimed("pending", active)
+        step = claim_step(active, request)
+        if step == "pending" or step == "mismatch":
+            return Claimed(step, active)
+        change = await self.consume(active["approval_id"], event_at, actor)
+        if change.changed is not None:
+            return Claimed("taken", change.changed)
+        return Claimed("in_use", change.existing or active)
 
     async def get(self, approval_id: str) -> Row | None:
         return await self._one(_SELECT_ONE, approval_id)

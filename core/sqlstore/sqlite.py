@@ -26,24 +26,26 @@ from core.sqlstore.backend import (
     RUN_COLUMN_NAMES,
     RUN_COLUMNS,
     Change,
+    Claimed,
     EventRow,
     EventValues,
     Outcome,
     Row,
     VoteResult,
+    claim_step,
     consume_refusal,
     consumed_events,
     detail,
     detail_flag,
 )
-from core.store import ALREADY_VOTED, TIMEOUT_DECIDER
+from core.store import ALREADY_VOTED, TIMEOUT_DECIDER, ApprovalRequest
 
 __all__ = ["SqliteBackend"]
 
 T = TypeVar("T")
 
 _TIMES = ("created_at", "decided_at", "consumed_at", "finished_at", "deadline")
-_NEW = (
+_NEW = (  # created_at and deadline (8 and 9) are the times
     "approval_id",
     "run_id",
     "call_id",
@@ -74,6 +76,21 @@ _SELECT_ACTIVE = (
 )
 
 
+_CONSUME_SET = (
+    # A denial runs nothing, so it is finished the moment it is taken.
+    "consumed_at = ?, finished_at = CASE WHEN status = 'denied' THEN ? END, "
+    "outcome = CASE WHEN status = 'denied' THEN 'denied' END"
+)
+_CONSUME_WHERE = "decided_at IS NOT NULL AND consumed_at IS NULL"
+_CONSUME = (
+    f"UPDATE approvals SET {_CONSUME_SET} WHERE approval_id = ? AND {_CONSUME_WHERE} "
+    f"RETURNING {COLUMNS}"
+)
+_TAKE = (
+    f"UPDATE approvals SET {_CONSUME_SET} WHERE run_id = ? AND call_id = ? "
+    f"AND finished_at IS NULL AND {_CONSUME_WHERE} AND tool = ? AND digest = ? "
+    f"RETURNING {COLUMNS}"
+)
 _COUNTS = "SELECT status, count(*) FROM approvals GROUP BY status"
 _VOTES = "SELECT voter, decision FROM votes WHERE approval_id = ? ORDER BY seq"
 _INSERT_VOTE = "INSERT INTO votes (approval_id, voter, decision, at) VALUES (?, ?, ?, ?)"
@@ -151,6 +168,28 @@ def _run_values(row: Row) -> tuple[Any, ...]:
     )
 
 
+def _new_values(row: Row) -> tuple[Any, ...]:
+    deadline = row["deadline"]
+    return (
+        *(row[k] for k in _NEW[:8]),
+        _text(row["created_at"]),
+        None if deadline is None else _text(deadline),
+        *(row[k] for k in _NEW[10:]),
+    )
+
+
+def _created_event(row: Row, at: str) -> tuple[Any, ...]:
+    return (row["approval_id"], "created", at, row["requested_by"], None, "{}")
+
+
+def _insert(db: sqlite3.Connection, values: tuple[Any, ...], event: tuple[Any, ...]) -> Row | None:
+    """Insert a new record with its `created` event; None if the call has an active one."""
+    inserted = _row(db.execute(_INSERT, values).fetchone())
+    if inserted is not None:
+        db.execute(_EVENT, event)
+    return inserted
+
+
 def _is_busy(error: sqlite3.OperationalError) -> bool:
     return "locked" in str(error) or "busy" in str(error)
 
@@ -201,16 +240,49 @@ class SqliteBackend:
         active = await self._fetch_one(_SELECT_ACTIVE, key)
         if active is not None:
             return active  # a resume: no write transaction needed
-        values = tuple(_text(row[k]) if isinstance(row[k], datetime) else row[k] for k in _NEW)
-        event = (row["approval_id"], "created", _text(event_at), row["requested_by"], None, "{}")
+        insert = _new_values(row), _created_event(row, _text(event_at))
 
         def work(db: sqlite3.Connection) -> Row:
-            inserted = _row(db.execute(_INSERT, values).fetchone())
-            if inserted is not None:
-                db.execute(_EVENT, event)
-                return inserted
-            # Another process made the active record since the read above.
-            return _row(db.execute(_SELECT_ACTIVE, key).fetchone()) or {}
+            inserted = _insert(db, *insert)
+            # None: another process made the active record since the read above.
+            return inserted or _row(db.execute(_SELECT_ACTIVE, key).fetchone()) or {}
+
+        return await self._transaction(work)
+
+    async def claim(
+        self,
+        request: ApprovalRequest,
+        new_row: Callable[[], Row],
+        event_at: datetime,
+        actor: str | None,
+    ) -> Claimed:
+        key = (request.run_id, request.call_id)
+        now = _text(event_at)
+
+        def work(db: sqlite3.Connection) -> Claimed:
+            # A resume of a decided call takes it in one statement; otherwise the record
+            # is made, or found and said why it cannot be taken. The write lock is held
+            # throughout, so nothing changes between these statements.
+            taken = _row(
+                db.execute(_TAKE, (now, now, *key, request.tool, request.digest)).fetchone()
+            )
+            if taken is not None:
+                approval_id = taken["approval_id"]
+                for kind, by, channel, detail in consumed_events(taken, actor):
+                    db.execute(_EVENT, (approval_id, kind, now, by, channel, detail))
+                return Claimed("taken", taken)
+            row = new_row()
+            created = _insert(db, _new_values(row), _created_event(row, now))
+            if created is not None:
+                return Claimed("pending", created)
+            active = _row(db.execute(_SELECT_ACTIVE, key).fetchone()) or {}
+            step = claim_step(active, request)
+            if step == "in_use":
+                refusal = ("refused", now, actor, "executor", consume_refusal(active))
+                db.execute(_EVENT, (active["approval_id"], *refusal))
+            if step == "take":  # cannot be: the first statement would have taken it
+                raise AssertionError(f"approval {active['approval_id']} was not taken")
+            return Claimed(step, active)
 
         return await self._transaction(work)
 
@@ -312,10 +384,8 @@ class SqliteBackend:
         now = _text(at)
         return await self._update(
             approval_id,
-            # A denial runs nothing, so it is finished the moment it is taken.
-            "consumed_at = ?, finished_at = CASE WHEN status = 'denied' THEN ? END, "
-            "outcome = CASE WHEN status = 'denied' THEN 'denied' END",
-            "decided_at IS NOT NULL AND consumed_at IS NULL",
+            _CONSUME_SET,
+            _CONSUME_WHERE,
             (now, now),
             lambda row: consumed_events(row, actor),
             lambda row: (actor, "executor", consume_refusal(row)),

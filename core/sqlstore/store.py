@@ -52,6 +52,7 @@ from core.store import (
     ApprovalRecord,
     ApprovalRequest,
     ApprovalStatus,
+    Claim,
     EventKind,
     check_vote,
     tally,
@@ -128,23 +129,15 @@ class SqlApprovalStore:
     async def create(self, request: ApprovalRequest) -> ApprovalRecord:
         backend = await self._ready()
         now = self._clock()
-        row = {
-            "approval_id": new_id("apr_"),
-            "run_id": request.run_id,
-            "call_id": request.call_id,
-            "tool": request.tool,
-            "arguments": canonical_json(request.arguments),
-            "digest": request.digest,
-            "requested_by": request.requested_by,
-            "status": "pending",
-            "created_at": now,
-            "deadline": request.deadline,
-            "on_timeout": request.on_timeout,
-            "policy": canonical_json(request.policy),
-            "approvals_required": request.approvals_required,
-        }
         with self._errors():
-            return _record(await backend.create(row, now))
+            return _record(await backend.create(_new_row(request, now), now))
+
+    async def claim(self, request: ApprovalRequest, *, actor: str | None = None) -> Claim:
+        backend = await self._ready()
+        now = self._clock()
+        with self._errors():
+            claimed = await backend.claim(request, lambda: _new_row(request, now), now, actor)
+        return Claim(_record(claimed.row), claimed.outcome)
 
     async def get(self, approval_id: str) -> ApprovalRecord:
         backend = await self._ready()
@@ -443,6 +436,25 @@ def _run(row: Row) -> RunRecord:
     )
 
 
+def _new_row(request: ApprovalRequest, now: datetime) -> Row:
+    """The row of a new pending record for `request`."""
+    return {
+        "approval_id": new_id("apr_"),
+        "run_id": request.run_id,
+        "call_id": request.call_id,
+        "tool": request.tool,
+        "arguments": canonical_json(request.arguments),
+        "digest": request.digest,
+        "requested_by": request.requested_by,
+        "status": "pending",
+        "created_at": now,
+        "deadline": request.deadline,
+        "on_timeout": request.on_timeout,
+        "policy": canonical_json(request.policy),
+        "approvals_required": request.approvals_required,
+    }
+
+
 def _record(row: Row) -> ApprovalRecord:
     return ApprovalRecord(
         approval_id=row["approval_id"],
@@ -455,7 +467,7 @@ def _record(row: Row) -> ApprovalRecord:
             requested_by=row["requested_by"],
             deadline=row["deadline"],
             on_timeout=row["on_timeout"],
-            policy=json.loads(row["policy"]),
+            policy={} if row["policy"] == "{}" else json.loads(row["policy"]),
             approvals_required=row["approvals_required"],
         ),
         created_at=row["created_at"],

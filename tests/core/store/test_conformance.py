@@ -197,6 +197,61 @@ async def test_decision_after_consumption_is_refused(store: ApprovalStore) -> No
     assert (await store.get(record.approval_id)).decision == APPROVE
 
 
+async def test_claim_creates_the_review_and_waits_while_it_is_pending(
+    store: ApprovalStore,
+) -> None:
+    first = await store.claim(request())
+    assert first.outcome == "pending" and first.record.status == "pending"
+    again = await store.claim(request())
+    assert again.outcome == "pending"
+    assert again.record.approval_id == first.record.approval_id
+    assert [e.kind for e in await store.events()] == ["created"]
+
+
+async def test_claim_takes_a_decision_once(store: ApprovalStore) -> None:
+    record = (await store.claim(request())).record
+    await store.decide(record.approval_id, APPROVE)
+    taken = await store.claim(request(), actor="worker-1")
+    assert taken.outcome == "taken"
+    assert taken.record.consumed and taken.record.decision == APPROVE
+    in_use = await store.claim(request(), actor="worker-2")
+    assert in_use.outcome == "in_use" and in_use.record.approval_id == record.approval_id
+    events = await store.events(record.approval_id)
+    assert [e.kind for e in events] == ["created", "decided", "consumed", "refused"]
+    assert (events[2].actor, events[2].channel) == ("worker-1", "executor")
+    assert events[3].actor == "worker-2"
+    assert events[3].detail["reason"] == "approval already used by a concurrent request"
+    await store.finish(record.approval_id, outcome="ok")
+    fresh = await store.claim(request())
+    assert fresh.outcome == "pending" and fresh.record.approval_id != record.approval_id
+
+
+async def test_claim_of_a_denial_finishes_it(store: ApprovalStore) -> None:
+    record = (await store.claim(request())).record
+    await store.decide(record.approval_id, DENY)
+    taken = await store.claim(request())
+    assert taken.outcome == "taken" and taken.record.decision == DENY
+    assert taken.record.finished and taken.record.outcome == "denied"
+
+
+async def test_claim_for_other_arguments_changes_nothing(store: ApprovalStore) -> None:
+    record = (await store.claim(request())).record
+    await store.decide(record.approval_id, APPROVE)
+    other = await store.claim(request(amount=5000.0))
+    assert other.outcome == "mismatch" and other.record.approval_id == record.approval_id
+    assert not (await store.get(record.approval_id)).consumed
+    assert [e.kind for e in await store.events()] == ["created", "decided"]
+
+
+async def test_concurrent_claims_of_one_decision_take_it_once(store: ApprovalStore) -> None:
+    record = (await store.claim(request())).record
+    await store.decide(record.approval_id, APPROVE)
+    claims = await asyncio.gather(*(store.claim(request()) for _ in range(10)))
+    assert sorted(c.outcome for c in claims) == ["in_use"] * 9 + ["taken"]
+    kinds = [e.kind for e in await store.events(record.approval_id)]
+    assert kinds.count("consumed") == 1 and kinds.count("refused") == 9
+
+
 async def test_events_tell_the_story_and_refusals(store: ApprovalStore) -> None:
     record = await store.create(request())
     approval_id = record.approval_id
