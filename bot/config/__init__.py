@@ -29,6 +29,9 @@ from bot.config.models import (
     Rule,
     ServerConfig,
     StoreConfig,
+    WebConfig,
+    Webhook,
+    WebhookEvent,
     WorkersConfig,
 )
 from bot.config.predicates import AllOf, AnyOf, PredicateSpec
@@ -48,6 +51,9 @@ __all__ = [
     "Rule",
     "ServerConfig",
     "StoreConfig",
+    "WebConfig",
+    "Webhook",
+    "WebhookEvent",
     "WorkersConfig",
     "check_agents",
     "load_agents",

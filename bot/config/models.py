@@ -155,6 +155,68 @@ class ApiConfig(ConfigModel):
         return value
 
 
+class WebConfig(ConfigModel):
+    """The web inbox, where reviewers see and decide approvals in a browser. They sign in
+    with a link the bot makes for them (`nodbot inbox-link`); the link, their session and
+    each form are signed with `secret`."""
+
+    secret: Secret | None = None
+    """Signs sign-in links, sessions and forms; at least 16 characters, written as
+    `${NODBOT_WEB_SECRET}`. Without one, a random secret is made at each start, so links and
+    sessions stop working when the bot restarts."""
+    public_url: str | None = None
+    """The address reviewers open, such as https://nodbot.example.com, used in links; by
+    default http://<server.host>:<server.port>."""
+    link_ttl: Duration = 86_400
+    """How long a sign-in link works (default 1d)."""
+    session_ttl: Duration = 43_200
+    """How long a reviewer stays signed in (default 12h)."""
+
+    @field_validator("public_url")
+    @classmethod
+    def _url(cls, value: str | None) -> str | None:
+        if value is not None and not re.fullmatch(r"https?://[^\s/]+(/[^\s]*)?", value):
+            raise problem(f"expected an http:// or https:// address, not {value!r}")
+        return None if value is None else value.rstrip("/")
+
+
+WebhookEvent: TypeAlias = Literal["approval.pending", "approval.decided"]
+"""What a webhook is told of: a review opened, a review decided."""
+WEBHOOK_EVENTS: tuple[WebhookEvent, ...] = ("approval.pending", "approval.decided")
+
+
+class Webhook(ConfigModel):
+    """An HTTP endpoint told of reviews: a JSON body, signed with HMAC-SHA256 over the
+    timestamp and the body (see the README, Webhooks), retried with backoff until it answers
+    2xx. An app that runs its own executor against the bot's database resumes its run when it
+    is told `approval.decided`."""
+
+    name: Name
+    """Names the webhook in logs and in the outbox."""
+    url: str
+    """Where to POST, http:// or https://."""
+    secret: Secret
+    """The signing key, at least 16 characters, written as `${NODBOT_WEBHOOK_SECRET}`."""
+    events: list[WebhookEvent] = Field(default_factory=lambda: list(WEBHOOK_EVENTS))
+    """Which events to send (default both)."""
+    timeout: Annotated[float, Field(gt=0, le=60)] = 10
+    """Seconds to wait for an answer before the attempt counts as failed."""
+
+    @field_validator("url")
+    @classmethod
+    def _url(cls, value: str) -> str:
+        if not re.fullmatch(r"https?://[^\s/]+(/[^\s]*)?", value):
+            raise problem(f"expected an http:// or https:// address, not {value!r}")
+        return value
+
+    @field_validator("events")
+    @classmethod
+    def _events(cls, value: list[WebhookEvent]) -> list[WebhookEvent]:
+        if not value or len(set(value)) != len(value):
+            raise problem("expected approval.pending and/or approval.decided, each once")
+        return value
+
+
 ReviewDecision: TypeAlias = Literal["approve", "edit", "deny"]
 """What a reviewer may answer."""
 
@@ -325,6 +387,25 @@ class Config(ConfigModel):
     """Read by the email channel, in a later version."""
     api: ApiConfig = Field(default_factory=ApiConfig)
     """Who may call the HTTP API (bearer tokens and their scopes)."""
+    web: WebConfig = Field(default_factory=WebConfig)
+    """The web inbox: how its links and sessions are signed."""
+    webhooks: list[Webhook] = Field(default_factory=list)
+    """HTTP endpoints told of reviews opened and decided."""
+
+    @field_validator("webhooks")
+    @classmethod
+    def _webhook_names(cls, value: list[Webhook]) -> list[Webhook]:
+        seen: dict[str, int] = {}
+        found: list[tuple[KeyPath, str]] = []
+        for index, hook in enumerate(value):
+            first = seen.setdefault(hook.name, index)
+            if first != index:
+                found.append(
+                    ((index, "name"), f"the name {hook.name!r} is taken by webhooks.{first}")
+                )
+        if found:
+            raise problems(*found)
+        return value
 
     _source: Source | None = PrivateAttr(default=None)
 
