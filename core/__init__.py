@@ -27,6 +27,7 @@ from core.errors import (
     ApprovalNotFound,
     ApprovalPending,
     ConfigurationError,
+    DeliveryLost,
     InvalidArgumentsError,
     InvalidDecisionError,
     NodbotError,
@@ -55,6 +56,7 @@ from core.loop import (
     ToolMessage,
     run_tool_loop,
 )
+from core.outbox import Announcement, Delivery, NewDelivery, Outbox
 from core.ports import (
     ApprovalPort,
     AutoDeny,
@@ -96,6 +98,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "Agent",
+    "Announcement",
     "ApprovalAlreadyConsumed",
     "ApprovalAlreadyDecided",
     "ApprovalAlreadyVoted",
@@ -122,6 +125,8 @@ __all__ = [
     "Decided",
     "Decision",
     "DeferredApproval",
+    "Delivery",
+    "DeliveryLost",
     "Effects",
     "Executor",
     "HumanMessage",
@@ -132,7 +137,9 @@ __all__ = [
     "MemoryApprovalStore",
     "MemoryRunStore",
     "Message",
+    "NewDelivery",
     "NodbotError",
+    "Outbox",
     "PendingCall",
     "PortAnswer",
     "Predicate",

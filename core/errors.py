@@ -18,6 +18,7 @@ NodbotError
 ├── RunError                       a durable run cannot be found or saved
 │   ├── RunNotFound                no run has that id
 │   └── RunConflict                the run was saved by someone else since it was read
+├── DeliveryLost                   the outbox delivery is no longer this worker's to settle
 ├── InvalidDecisionError           an answer that claims to be a decision but is malformed
 ├── StoreError                     the approval store's database cannot be used
 │   ├── StoreUnavailableError      it cannot be reached, opened or written
@@ -45,6 +46,7 @@ __all__ = [
     "ApprovalNotFound",
     "ApprovalPending",
     "ConfigurationError",
+    "DeliveryLost",
     "InvalidArgumentsError",
     "InvalidDecisionError",
     "NodbotError",
@@ -305,6 +307,20 @@ class RunConflict(RunError):
 
     def details(self) -> dict[str, Any]:
         return {"run_id": self.run_id, "expected": self.expected, "found": self.found}
+
+
+class DeliveryLost(NodbotError):
+    """An outbox delivery this worker claimed is not its own to settle any more: its lease
+    ran out and another worker took it, or it was settled already."""
+
+    kind = "delivery-lost"
+
+    def __init__(self, *, delivery_id: int, reason: str) -> None:
+        super().__init__(f"delivery {delivery_id}: {reason}")
+        self.delivery_id = delivery_id
+
+    def details(self) -> dict[str, Any]:
+        return {"delivery_id": self.delivery_id}
 
 
 class InvalidDecisionError(NodbotError):

@@ -59,7 +59,9 @@ __all__ = [
 ]
 
 ApprovalStatus: TypeAlias = Literal["pending", "approved", "denied"]
-EventKind: TypeAlias = Literal["created", "voted", "decided", "consumed", "finished", "refused"]
+EventKind: TypeAlias = Literal[
+    "created", "voted", "decided", "consumed", "finished", "refused", "delivered", "undelivered"
+]
 Clock: TypeAlias = Callable[[], datetime]
 ClaimOutcome: TypeAlias = Literal["pending", "mismatch", "taken", "in_use"]
 

@@ -6,6 +6,7 @@ import core
 
 EXPECTED = {
     "Agent",
+    "Announcement",
     "ApprovalAlreadyConsumed",
     "ApprovalAlreadyDecided",
     "ApprovalAlreadyVoted",
@@ -32,6 +33,8 @@ EXPECTED = {
     "Decided",
     "Decision",
     "DeferredApproval",
+    "Delivery",
+    "DeliveryLost",
     "Effects",
     "Executor",
     "HumanMessage",
@@ -42,6 +45,7 @@ EXPECTED = {
     "MemoryApprovalStore",
     "Message",
     "NodbotError",
+    "Outbox",
     "PendingCall",
     "PortAnswer",
     "Predicate",
@@ -53,6 +57,7 @@ EXPECTED = {
     "RunStore",
     "ScriptedChat",
     "MemoryRunStore",
+    "NewDelivery",
     "advance_run",
     "SqlApprovalStore",
     "StoreError",
@@ -106,7 +111,7 @@ def test_every_listed_member_exists() -> None:
 def test_every_exported_exception_derives_from_nodbot_error() -> None:
     members = [getattr(core, name) for name in core.__all__]
     errors = [m for m in members if isinstance(m, type) and issubclass(m, BaseException)]
-    assert len(errors) == 22
+    assert len(errors) == 23
     assert [e.__name__ for e in errors if not issubclass(e, core.NodbotError)] == []
     assert len({e.kind for e in errors}) == len(errors)  # each reports its own kind
 

@@ -22,9 +22,12 @@ __all__ = [
     "COLUMNS",
     "COLUMN_NAMES",
     "DECIDE_REFUSAL",
+    "DELIVERY_COLUMNS",
+    "DELIVERY_COLUMN_NAMES",
     "NOT_DECIDED",
     "RUN_COLUMNS",
     "RUN_COLUMN_NAMES",
+    "STAGES",
     "Backend",
     "Change",
     "Claimed",
@@ -36,8 +39,10 @@ __all__ = [
     "claim_step",
     "consume_refusal",
     "consumed_events",
+    "delivered_event",
     "detail",
     "detail_flag",
+    "undelivered_event",
 ]
 
 COLUMN_NAMES = (
@@ -79,6 +84,44 @@ RUN_COLUMN_NAMES = (
 )
 """The columns of `runs` that make a run record."""
 RUN_COLUMNS = ", ".join(RUN_COLUMN_NAMES)
+DELIVERY_COLUMN_NAMES = (
+    "seq",
+    "approval_id",
+    "kind",
+    "target",
+    "status",
+    "attempts",
+    "due_at",
+    "created_at",
+    "sent_at",
+    "ref",
+    "error",
+    "claimed_by",
+    "lease_until",
+)
+"""The columns of `deliveries`."""
+DELIVERY_COLUMNS = ", ".join(DELIVERY_COLUMN_NAMES)
+STAGES = {"request": 1, "outcome": 2}
+"""The `announced` value of each stage."""
+
+
+def delivered_event(row: Row, worker: str) -> EventValues:
+    """The event of a delivery made: who delivered it, through which channel, what."""
+    channel = row["target"].partition(":")[0]
+    return (
+        "delivered",
+        worker,
+        channel,
+        canonical_json({"kind": row["kind"], "target": row["target"]}),
+    )
+
+
+def undelivered_event(row: Row, worker: str, error: str) -> EventValues:
+    """The event of a delivery given up."""
+    channel = row["target"].partition(":")[0]
+    detail = {"kind": row["kind"], "target": row["target"], "error": error}
+    return ("undelivered", worker, channel, canonical_json(detail))
+
 
 Row: TypeAlias = dict[str, Any]
 """One `approvals` row: column name to value, timestamps as aware UTC datetimes."""
@@ -286,6 +329,39 @@ class Backend(Protocol):
     async def listen(self, woken: Callable[[], None]) -> Callable[[], Awaitable[None]]:
         """Call `woken()` when any process decides an approval (where the database can say
         so); returns the function that stops listening."""
+        ...
+
+    async def unannounced(self, limit: int) -> list[Row]:
+        """Rows (with `announced`) of reviews with something to announce, oldest first."""
+        ...
+
+    async def announce(
+        self, approval_id: str, stage: int, deliveries: list[Row], at: datetime
+    ) -> list[Row]:
+        """Insert the deliveries (kind, target, due_at) not made before and raise the
+        review's `announced` to `stage`, in one transaction; the inserted rows."""
+        ...
+
+    async def claim_deliveries(
+        self, worker: str, at: datetime, lease_until: datetime, limit: int
+    ) -> list[Row]:
+        """Claim due deliveries (unclaimed, or whose lease ran out), soonest due first."""
+        ...
+
+    async def settle_delivery(
+        self,
+        delivery_id: int,
+        worker: str,
+        at: datetime,
+        outcome: tuple[str, str | None, datetime | None],
+    ) -> Change:
+        """Settle a delivery `worker` holds: outcome is ("sent", ref JSON, None) or
+        ("failed", error, retry_at or None to give up). Appends `delivered_event` or, when
+        given up, `undelivered_event`."""
+        ...
+
+    async def delivery_rows(self, approval_id: str) -> list[Row]:
+        """The deliveries of one review, in the order they were made."""
         ...
 
     async def close(self) -> None:

@@ -20,6 +20,8 @@ from core.sqlstore.backend import (
     COLUMN_NAMES,
     COLUMNS,
     DECIDE_REFUSAL,
+    DELIVERY_COLUMN_NAMES,
+    DELIVERY_COLUMNS,
     NOT_DECIDED,
     RUN_COLUMN_NAMES,
     RUN_COLUMNS,
@@ -30,8 +32,10 @@ from core.sqlstore.backend import (
     Row,
     VoteResult,
     claim_step,
+    delivered_event,
     detail,
     detail_flag,
+    undelivered_event,
 )
 from core.store import ALREADY_VOTED, CONCURRENT_USE_REASON, TIMEOUT_DECIDER, ApprovalRequest
 
@@ -185,6 +189,34 @@ UPDATE runs SET status = 'running', version = version + 1, updated_at = $1,
 FROM picked
 WHERE runs.seq = picked.seq
 RETURNING runs.seq, {_qualified("runs", RUN_COLUMN_NAMES)}"""
+
+
+_UNANNOUNCED = f"""
+SELECT {COLUMNS}, announced FROM approvals
+WHERE announced < 2 AND (announced = 0 OR decided_at IS NOT NULL)
+ORDER BY seq LIMIT $1"""
+_INSERT_DELIVERIES = f"""
+INSERT INTO deliveries (approval_id, kind, target, status, attempts, due_at, created_at)
+SELECT $1, kind, target, 'due', 0, due_at, $5::timestamptz
+FROM unnest($2::text[], $3::text[], $4::timestamptz[]) AS wanted (kind, target, due_at)
+ON CONFLICT (approval_id, kind, target) DO NOTHING
+RETURNING {DELIVERY_COLUMNS}"""
+# Replicas claim concurrently: SKIP LOCKED hands each delivery to one of them.
+_CLAIM_DELIVERIES = f"""
+WITH picked AS (
+    SELECT seq FROM deliveries
+    WHERE status = 'due' AND due_at <= $3 AND (lease_until IS NULL OR lease_until <= $3)
+    ORDER BY due_at, seq LIMIT $4
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE deliveries SET claimed_by = $1, lease_until = $2
+FROM picked WHERE deliveries.seq = picked.seq
+RETURNING {_qualified("deliveries", DELIVERY_COLUMN_NAMES)}"""
+_SETTLE_DELIVERY = f"""
+UPDATE deliveries SET status = $3, attempts = attempts + 1, sent_at = $4, ref = $5,
+    error = $6, due_at = coalesce($7, due_at), claimed_by = NULL, lease_until = NULL
+WHERE seq = $1 AND claimed_by = $2 AND status = 'due'
+RETURNING {DELIVERY_COLUMNS}"""
 
 
 def _row(record: asyncpg.Record | None) -> Row | None:
@@ -436,6 +468,71 @@ class PostgresBackend:
         records = await self._pool.fetch(_CLAIM_READY, at, worker, lease_until, limit)
         ordered = sorted(records, key=lambda record: record["seq"])
         return [{name: record[name] for name in RUN_COLUMN_NAMES} for record in ordered]
+
+    async def unannounced(self, limit: int) -> list[Row]:
+        return [dict(record) for record in await self._pool.fetch(_UNANNOUNCED, limit)]
+
+    async def announce(
+        self, approval_id: str, stage: int, deliveries: list[Row], at: datetime
+    ) -> list[Row]:
+        kinds = [d["kind"] for d in deliveries]
+        targets = [d["target"] for d in deliveries]
+        due = [d["due_at"] or at for d in deliveries]
+        async with self._pool.acquire() as connection, connection.transaction():
+            made = await connection.fetch(_INSERT_DELIVERIES, approval_id, kinds, targets, due, at)
+            await connection.execute(
+                "UPDATE approvals SET announced = $2 WHERE approval_id = $1 AND announced < $2",
+                approval_id,
+                stage,
+            )
+        return sorted((dict(record) for record in made), key=lambda row: row["seq"])
+
+    async def claim_deliveries(
+        self, worker: str, at: datetime, lease_until: datetime, limit: int
+    ) -> list[Row]:
+        records = await self._pool.fetch(_CLAIM_DELIVERIES, worker, lease_until, at, limit)
+        return sorted((dict(r) for r in records), key=lambda row: (row["due_at"], row["seq"]))
+
+    async def settle_delivery(
+        self,
+        delivery_id: int,
+        worker: str,
+        at: datetime,
+        outcome: tuple[str, str | None, datetime | None],
+    ) -> Change:
+        kind, text, retry_at = outcome
+        if kind == "sent":
+            values: tuple[Any, ...] = ("sent", at, text, None, None)
+        else:
+            values = ("due" if retry_at is not None else "failed", None, None, text, retry_at)
+        async with self._pool.acquire() as connection, connection.transaction():
+            changed = _row(
+                await connection.fetchrow(_SETTLE_DELIVERY, delivery_id, worker, *values)
+            )
+            if changed is None:
+                existing = await connection.fetchrow(
+                    f"SELECT {DELIVERY_COLUMNS} FROM deliveries WHERE seq = $1", delivery_id
+                )
+                return Change(None, _row(existing))
+            event = None
+            if changed["status"] == "sent":
+                event = delivered_event(changed, worker)
+            elif changed["status"] == "failed":
+                event = undelivered_event(changed, worker, text or "")
+            if event is not None:
+                kind_, actor, channel, text_ = event
+                await connection.execute(
+                    f"{_EVENTS} VALUES ($1, $2, $3, $4, $5, $6)",
+                    changed["approval_id"], kind_, at, actor, channel, text_,
+                )  # fmt: skip
+        return Change(changed, None)
+
+    async def delivery_rows(self, approval_id: str) -> list[Row]:
+        records = await self._pool.fetch(
+            f"SELECT {DELIVERY_COLUMNS} FROM deliveries WHERE approval_id = $1 ORDER BY seq",
+            approval_id,
+        )
+        return [dict(record) for record in records]
 
     async def close(self) -> None:
         await self._pool.close()

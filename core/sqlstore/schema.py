@@ -21,7 +21,7 @@ from sqlalchemy import (
     UniqueConstraint,
 )
 
-__all__ = ["UTCDateTime", "approvals", "events", "metadata", "runs", "votes"]
+__all__ = ["UTCDateTime", "approvals", "deliveries", "events", "metadata", "runs", "votes"]
 
 metadata = MetaData()
 
@@ -70,6 +70,9 @@ approvals = Table(
     Column("on_timeout", String(8), nullable=False, server_default="deny"),
     Column("policy", Text, nullable=False, server_default="{}"),  # the rules' say, as JSON
     Column("approvals_required", Integer, nullable=False, server_default="1"),
+    # How far the outbox has told the review's channels: 0 nothing yet, 1 the request,
+    # 2 the outcome too.
+    Column("announced", Integer, nullable=False, server_default="0"),
 )
 
 # One active (unfinished) record per call: what makes create() an atomic create-if-absent.
@@ -92,6 +95,14 @@ Index(
     approvals.c.deadline,
     sqlite_where=approvals.c.status == "pending",
     postgresql_where=approvals.c.status == "pending",
+)
+
+# The outbox's work list: reviews whose request or outcome is still to be announced.
+Index(
+    "approvals_unannounced",
+    approvals.c.seq,
+    sqlite_where=approvals.c.announced < 2,
+    postgresql_where=approvals.c.announced < 2,
 )
 
 events = Table(
@@ -136,4 +147,31 @@ votes = Table(
     Column("decision", Text, nullable=False),  # the voter's Decision as JSON
     Column("at", UTCDateTime, nullable=False),
     UniqueConstraint("approval_id", "voter", name="votes_one_per_voter"),
+)
+
+deliveries = Table(
+    "deliveries",
+    metadata,
+    Column("seq", Serial, primary_key=True, autoincrement=True),
+    Column("approval_id", String(64), nullable=False),
+    Column("kind", String(16), nullable=False),  # request | escalation | outcome
+    Column("target", String(255), nullable=False),  # channel:address, e.g. webhook:ops
+    Column("status", String(16), nullable=False),  # due | sent | failed
+    Column("attempts", Integer, nullable=False, server_default="0"),
+    Column("due_at", UTCDateTime, nullable=False),
+    Column("created_at", UTCDateTime, nullable=False),
+    Column("sent_at", UTCDateTime),
+    Column("ref", Text),  # the channel's reference to what it posted, as JSON
+    Column("error", Text),  # why the last attempt failed
+    Column("claimed_by", String(255)),
+    Column("lease_until", UTCDateTime),
+    # Each review tells each target each thing once, however many replicas fan it out.
+    UniqueConstraint("approval_id", "kind", "target", name="deliveries_once"),
+)
+# claim_deliveries(): what is due, soonest first.
+Index(
+    "deliveries_due",
+    deliveries.c.due_at,
+    sqlite_where=deliveries.c.status == "due",
+    postgresql_where=deliveries.c.status == "due",
 )

@@ -23,6 +23,8 @@ from core.sqlstore.backend import (
     COLUMN_NAMES,
     COLUMNS,
     DECIDE_REFUSAL,
+    DELIVERY_COLUMN_NAMES,
+    DELIVERY_COLUMNS,
     RUN_COLUMN_NAMES,
     RUN_COLUMNS,
     Change,
@@ -35,8 +37,10 @@ from core.sqlstore.backend import (
     claim_step,
     consume_refusal,
     consumed_events,
+    delivered_event,
     detail,
     detail_flag,
+    undelivered_event,
 )
 from core.store import ALREADY_VOTED, TIMEOUT_DECIDER, ApprovalRequest
 
@@ -141,7 +145,7 @@ def _moment(text: str) -> datetime:
     return datetime.fromisoformat(text + "+00:00")
 
 
-def _row(found: sqlite3.Row | None) -> Row | None:
+def _row(found: Sequence[Any] | None) -> Row | None:
     if found is None:
         return None
     row = dict(zip(COLUMN_NAMES, found, strict=True))
@@ -156,6 +160,40 @@ def _run_row(found: Sequence[Any] | None) -> Row | None:
         return None
     row = dict(zip(RUN_COLUMN_NAMES, found, strict=True))
     for column in _RUN_TIMES:
+        if row[column] is not None:
+            row[column] = _moment(row[column])
+    return row
+
+
+_DELIVERY_TIMES = ("due_at", "created_at", "sent_at", "lease_until")
+_UNANNOUNCED = (
+    f"SELECT {COLUMNS}, announced FROM approvals INDEXED BY approvals_unannounced "
+    "WHERE announced < 2 AND (announced = 0 OR decided_at IS NOT NULL) ORDER BY seq LIMIT ?"
+)
+_INSERT_DELIVERY = (
+    "INSERT INTO deliveries (approval_id, kind, target, status, attempts, due_at, created_at) "
+    "VALUES (?, ?, ?, 'due', 0, ?, ?) ON CONFLICT (approval_id, kind, target) DO NOTHING "
+    f"RETURNING {DELIVERY_COLUMNS}"
+)
+_CLAIM_DELIVERIES = (
+    "UPDATE deliveries SET claimed_by = ?, lease_until = ? WHERE seq IN ("
+    "  SELECT seq FROM deliveries WHERE status = 'due' AND due_at <= ?"
+    "  AND (lease_until IS NULL OR lease_until <= ?) ORDER BY due_at, seq LIMIT ?"
+    f") RETURNING {DELIVERY_COLUMNS}"
+)
+_SETTLE_DELIVERY = (
+    "UPDATE deliveries SET status = ?, attempts = attempts + 1, sent_at = ?, ref = ?, "
+    "error = ?, due_at = coalesce(?, due_at), claimed_by = NULL, lease_until = NULL "
+    f"WHERE seq = ? AND claimed_by = ? AND status = 'due' RETURNING {DELIVERY_COLUMNS}"
+)
+_SELECT_DELIVERY = f"SELECT {DELIVERY_COLUMNS} FROM deliveries WHERE seq = ?"
+
+
+def _delivery_row(found: Sequence[Any] | None) -> Row | None:
+    if found is None:
+        return None
+    row = dict(zip(DELIVERY_COLUMN_NAMES, found, strict=True))
+    for column in _DELIVERY_TIMES:
         if row[column] is not None:
             row[column] = _moment(row[column])
     return row
@@ -513,6 +551,85 @@ class SqliteBackend:
     def _fetch_run(db: sqlite3.Connection, run_id: str) -> Sequence[Any] | None:
         found: Sequence[Any] | None = db.execute(_SELECT_RUN, (run_id,)).fetchone()
         return found
+
+    async def unannounced(self, limit: int) -> list[Row]:
+        found = await self._fetch_all(_UNANNOUNCED, (limit,))
+        rows = []
+        for raw in found:
+            row = _row(tuple(raw)[:-1]) or {}
+            row["announced"] = raw[-1]
+            rows.append(row)
+        return rows
+
+    async def announce(
+        self, approval_id: str, stage: int, deliveries: list[Row], at: datetime
+    ) -> list[Row]:
+        now = _text(at)
+        values = [
+            (approval_id, d["kind"], d["target"], _text(d["due_at"] or at), now) for d in deliveries
+        ]
+
+        def work(db: sqlite3.Connection) -> list[Row]:
+            made = [_delivery_row(db.execute(_INSERT_DELIVERY, v).fetchone()) for v in values]
+            db.execute(
+                "UPDATE approvals SET announced = ? WHERE approval_id = ? AND announced < ?",
+                (stage, approval_id, stage),
+            )
+            return [row for row in made if row is not None]
+
+        return await self._transaction(work)
+
+    async def claim_deliveries(
+        self, worker: str, at: datetime, lease_until: datetime, limit: int
+    ) -> list[Row]:
+        now = _text(at)
+        parameters = (worker, _text(lease_until), now, now, limit)
+
+        def work(db: sqlite3.Connection) -> list[Row]:
+            found = db.execute(_CLAIM_DELIVERIES, parameters).fetchall()
+            rows = [_delivery_row(raw) or {} for raw in found]
+            return sorted(rows, key=lambda row: (row["due_at"], row["seq"]))
+
+        return await self._transaction(work)
+
+    async def settle_delivery(
+        self,
+        delivery_id: int,
+        worker: str,
+        at: datetime,
+        outcome: tuple[str, str | None, datetime | None],
+    ) -> Change:
+        kind, text, retry_at = outcome
+        now = _text(at)
+        values: tuple[Any, ...]
+        if kind == "sent":
+            values = ("sent", now, text, None, None)
+        else:
+            status = "due" if retry_at is not None else "failed"
+            values = (status, None, None, text, None if retry_at is None else _text(retry_at))
+
+        def work(db: sqlite3.Connection) -> Change:
+            changed = _delivery_row(
+                db.execute(_SETTLE_DELIVERY, (*values, delivery_id, worker)).fetchone()
+            )
+            if changed is None:
+                return Change(
+                    None, _delivery_row(db.execute(_SELECT_DELIVERY, (delivery_id,)).fetchone())
+                )
+            event = None
+            if changed["status"] == "sent":
+                event = delivered_event(changed, worker)
+            elif changed["status"] == "failed":
+                event = undelivered_event(changed, worker, text or "")
+            if event is not None:
+                db.execute(_EVENT, (changed["approval_id"], event[0], now, *event[1:]))
+            return Change(changed, None)
+
+        return await self._transaction(work)
+
+    async def delivery_rows(self, approval_id: str) -> list[Row]:
+        query = f"SELECT {DELIVERY_COLUMNS} FROM deliveries WHERE approval_id = ? ORDER BY seq"
+        return [_delivery_row(raw) or {} for raw in await self._fetch_all(query, (approval_id,))]
 
     async def counts(self) -> dict[str, int]:
         rows = await self._fetch_all(_COUNTS, ())

@@ -17,7 +17,7 @@ import asyncio
 import json
 from collections.abc import Awaitable, Callable, Sequence
 from datetime import datetime, timedelta
-from typing import TypeAlias, cast
+from typing import Any, TypeAlias, cast
 from urllib.parse import urlencode
 
 from pydantic import TypeAdapter
@@ -32,12 +32,14 @@ from core.errors import (
     ApprovalError,
     ApprovalNotDecided,
     ApprovalNotFound,
+    DeliveryLost,
     RunConflict,
     RunNotFound,
 )
 from core.loop import Message
+from core.outbox import Announcement, Delivery, NewDelivery, Stage
 from core.runs import DEFAULT_LEASE, RunRecord, RunStatus
-from core.sqlstore.backend import Backend, Change, Row
+from core.sqlstore.backend import STAGES, Backend, Change, Row
 from core.sqlstore.engine import (
     normalize_url,
     open_engine,
@@ -72,6 +74,8 @@ _TIMEOUT_DECISIONS = {
     outcome: timeout_decision(outcome).model_dump_json() for outcome in ("approve", "deny")
 }
 _Records: TypeAlias = list[ApprovalRecord]
+_Deliveries: TypeAlias = list[Delivery]
+_Announcements: TypeAlias = list[Announcement]
 _Events: TypeAlias = list[ApprovalEvent]
 _Runs: TypeAlias = list[RunRecord]
 
@@ -341,6 +345,71 @@ class SqlApprovalStore:
             rows = await backend.claim_ready(worker, now, now + timedelta(seconds=lease), limit)
         return [_run(row) for row in rows]
 
+    # --- the outbox (see core.outbox) ---------------------------------------------------
+
+    async def unannounced(self, *, limit: int = 100) -> _Announcements:
+        backend = await self._ready()
+        with self._errors():
+            rows = await backend.unannounced(limit)
+        return [
+            Announcement(_record(row), "request" if row["announced"] == 0 else "outcome")
+            for row in rows
+        ]
+
+    async def announce(
+        self, approval_id: str, stage: Stage, deliveries: Sequence[NewDelivery]
+    ) -> _Deliveries:
+        backend = await self._ready()
+        wanted = [{"kind": d.kind, "target": d.target, "due_at": d.due_at} for d in deliveries]
+        with self._errors():
+            made = await backend.announce(approval_id, STAGES[stage], wanted, self._clock())
+        return [_delivery(row) for row in made]
+
+    async def claim_deliveries(
+        self, *, worker: str, lease: float = 60.0, limit: int = 50
+    ) -> _Deliveries:
+        backend = await self._ready()
+        now = self._clock()
+        with self._errors():
+            rows = await backend.claim_deliveries(
+                worker, now, now + timedelta(seconds=lease), limit
+            )
+        return [_delivery(row) for row in rows]
+
+    async def delivered(
+        self, delivery_id: int, *, worker: str, ref: dict[str, Any] | None = None
+    ) -> Delivery:
+        text = None if ref is None else canonical_json(ref)
+        return await self._settle(delivery_id, worker, ("sent", text, None))
+
+    async def delivery_failed(
+        self, delivery_id: int, *, worker: str, error: str, retry_at: datetime | None
+    ) -> Delivery:
+        return await self._settle(delivery_id, worker, ("failed", error, retry_at))
+
+    async def deliveries(self, approval_id: str) -> _Deliveries:
+        backend = await self._ready()
+        with self._errors():
+            rows = await backend.delivery_rows(approval_id)
+        return [_delivery(row) for row in rows]
+
+    async def _settle(
+        self, delivery_id: int, worker: str, outcome: tuple[str, str | None, datetime | None]
+    ) -> Delivery:
+        backend = await self._ready()
+        with self._errors():
+            change = await backend.settle_delivery(delivery_id, worker, self._clock(), outcome)
+        if change.changed is not None:
+            return _delivery(change.changed)
+        existing = change.existing
+        if existing is None:
+            reason = "there is no such delivery"
+        elif existing["status"] != "due":
+            reason = f"it is {existing['status']} already"
+        else:
+            reason = f"it is held by {existing['claimed_by'] or 'nobody'}, not {worker}"
+        raise DeliveryLost(delivery_id=delivery_id, reason=reason)
+
     async def counts(self) -> dict[ApprovalStatus, int]:
         backend = await self._ready()
         with self._errors():
@@ -430,6 +499,24 @@ def _run(row: Row) -> RunRecord:
         updated_at=row["updated_at"],
         requested_by=row["requested_by"],
         final_text=row["final_text"],
+        error=row["error"],
+        claimed_by=row["claimed_by"],
+        lease_until=row["lease_until"],
+    )
+
+
+def _delivery(row: Row) -> Delivery:
+    return Delivery(
+        delivery_id=row["seq"],
+        approval_id=row["approval_id"],
+        kind=row["kind"],
+        target=row["target"],
+        status=row["status"],
+        attempts=row["attempts"],
+        due_at=row["due_at"],
+        created_at=row["created_at"],
+        sent_at=row["sent_at"],
+        ref=None if row["ref"] is None else json.loads(row["ref"]),
         error=row["error"],
         claimed_by=row["claimed_by"],
         lease_until=row["lease_until"],

@@ -1,0 +1,138 @@
+"""The outbox: what must be told to whom about each review, kept in the store with it.
+
+A review is *announced* twice: when it opens (its request: post it to the reviewers) and when
+it is decided (its outcome: update those posts, tell whoever waits). Announcing turns a review
+into deliveries, one per target (`channel:address`, e.g. `webhook:ops`), and a dispatcher
+delivers them:
+
+```
+review opens ──► unannounced ──announce(request)──► deliveries due ──claim──► delivered
+review decided ─► unannounced ──announce(outcome)─►       ▲                  │ failed: due
+                                                          └────── retry_at ◄─┘   again later
+```
+
+Every step is an atomic store operation, so several bot replicas can share the work: a
+delivery is made once per (review, kind, target) however many of them announce it, claimed
+by one of them at a time (until its lease runs out), and only the claimant may settle it. A
+delivery whose claimant died is claimed again once the lease has run out: delivery is
+at least once, and receivers tell repeats apart by the delivery id.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Literal, Protocol, TypeAlias, runtime_checkable
+
+from core.store import ApprovalRecord
+
+__all__ = [
+    "Announcement",
+    "Delivery",
+    "DeliveryKind",
+    "DeliveryStatus",
+    "NewDelivery",
+    "Outbox",
+    "Stage",
+]
+
+Stage: TypeAlias = Literal["request", "outcome"]
+"""What is announced about a review: that it opened, or how it was decided."""
+DeliveryKind: TypeAlias = Literal["request", "escalation", "outcome"]
+"""What a delivery tells: the request, the request again to those it escalates to (due at
+the escalation time), the outcome."""
+DeliveryStatus: TypeAlias = Literal["due", "sent", "failed"]
+"""`due` until delivered (`sent`) or given up (`failed`: the channel said it never will)."""
+
+
+@dataclass(frozen=True)
+class Announcement:
+    """A review with something still to announce."""
+
+    record: ApprovalRecord
+    stage: Stage
+
+
+@dataclass(frozen=True)
+class NewDelivery:
+    """A delivery to make when announcing."""
+
+    kind: DeliveryKind
+    target: str
+    """`channel:address`, such as `webhook:ops` or `slack:C0123`."""
+    due_at: datetime | None = None
+    """Not before then (default: at once)."""
+
+
+@dataclass(frozen=True)
+class Delivery:
+    """One thing to tell one target about one review, and how far it got."""
+
+    delivery_id: int
+    approval_id: str
+    kind: DeliveryKind
+    target: str
+    status: DeliveryStatus
+    attempts: int
+    due_at: datetime
+    created_at: datetime
+    sent_at: datetime | None = None
+    ref: dict[str, Any] | None = None
+    """What the channel keeps about what it posted (a Slack message's channel and ts, say),
+    so that it can update it later."""
+    error: str | None = None
+    """Why the last attempt failed."""
+    claimed_by: str | None = None
+    lease_until: datetime | None = None
+
+    @property
+    def channel(self) -> str:
+        """The channel part of the target: `webhook` for `webhook:ops`."""
+        return self.target.partition(":")[0]
+
+    @property
+    def address(self) -> str:
+        """The address part of the target: `ops` for `webhook:ops`."""
+        return self.target.partition(":")[2]
+
+
+@runtime_checkable
+class Outbox(Protocol):
+    """The outbox operations of a store (`SqlApprovalStore`)."""
+
+    async def unannounced(self, *, limit: int = 100) -> list[Announcement]:
+        """Reviews with something to announce, oldest first: the request of a review not
+        announced yet, or the outcome of a decided review whose request was announced."""
+        ...
+
+    async def announce(
+        self, approval_id: str, stage: Stage, deliveries: Sequence[NewDelivery]
+    ) -> list[Delivery]:
+        """Make `deliveries` (those not made before) and mark `stage` as announced, in one
+        transaction; returns the deliveries this call made."""
+        ...
+
+    async def claim_deliveries(
+        self, *, worker: str, lease: float, limit: int = 50
+    ) -> list[Delivery]:
+        """Claim up to `limit` due deliveries for `lease` seconds, soonest due first."""
+        ...
+
+    async def delivered(
+        self, delivery_id: int, *, worker: str, ref: dict[str, Any] | None = None
+    ) -> Delivery:
+        """Settle a claimed delivery as sent. Raises `DeliveryLost` when `worker` no longer
+        holds it (its lease ran out and another worker took it)."""
+        ...
+
+    async def delivery_failed(
+        self, delivery_id: int, *, worker: str, error: str, retry_at: datetime | None
+    ) -> Delivery:
+        """Record a failed attempt: due again at `retry_at`, or given up (`failed`) when
+        None. Raises `DeliveryLost` as `delivered` does."""
+        ...
+
+    async def deliveries(self, approval_id: str) -> list[Delivery]:
+        """The deliveries of one review, in the order they were made."""
+        ...

@@ -1,0 +1,209 @@
+"""The outbox kept in the SQL store: announce each review once per stage, deliver each
+delivery once per target, retry what failed, and let only the claimant settle a delivery."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+
+from core import (
+    ApprovalRequest,
+    Decision,
+    DeliveryLost,
+    NewDelivery,
+    Outbox,
+    SqlApprovalStore,
+    arguments_digest,
+)
+from tests.core.store.conftest import database_url
+
+SQL_BACKENDS = ["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)]
+
+
+class Clock:
+    """A clock the test moves by hand."""
+
+    def __init__(self) -> None:
+        self.now = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
+
+    def __call__(self) -> datetime:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += timedelta(seconds=seconds)
+
+
+@pytest.fixture
+def clock() -> Clock:
+    return Clock()
+
+
+@pytest.fixture(params=SQL_BACKENDS)
+async def store(
+    request: pytest.FixtureRequest, tmp_path: Path, clock: Clock
+) -> AsyncIterator[SqlApprovalStore]:
+    async with (
+        database_url(request.param, tmp_path) as url,
+        SqlApprovalStore(url, clock=clock) as sql,
+    ):
+        yield sql
+
+
+def request(call_id: str = "call_1") -> ApprovalRequest:
+    arguments = {"order_id": "o-7", "amount": 500.0}
+    return ApprovalRequest("run_1", call_id, "refund", arguments, arguments_digest(arguments))
+
+
+HOOK = NewDelivery("request", "webhook:ops")
+
+
+async def test_the_store_is_an_outbox(store: SqlApprovalStore) -> None:
+    assert isinstance(store, Outbox)
+
+
+async def test_a_new_review_is_to_be_announced_once(store: SqlApprovalStore) -> None:
+    record = await store.create(request())
+    [announcement] = await store.unannounced()
+    assert (announcement.record.approval_id, announcement.stage) == (record.approval_id, "request")
+    made = await store.announce(record.approval_id, "request", [HOOK])
+    assert [(d.kind, d.target, d.status, d.attempts) for d in made] == [
+        ("request", "webhook:ops", "due", 0)
+    ]
+    assert await store.unannounced() == []
+    # Announcing again (another replica, a retry) makes nothing twice.
+    assert await store.announce(record.approval_id, "request", [HOOK]) == []
+    assert len(await store.deliveries(record.approval_id)) == 1
+
+
+async def test_the_outcome_is_announced_after_the_decision(store: SqlApprovalStore) -> None:
+    record = await store.create(request())
+    await store.announce(record.approval_id, "request", [HOOK])
+    await store.decide(record.approval_id, Decision(approved=True, decided_by="ana"))
+    [announcement] = await store.unannounced()
+    assert announcement.stage == "outcome"
+    assert announcement.record.decision is not None
+    await store.announce(record.approval_id, "outcome", [NewDelivery("outcome", "webhook:ops")])
+    assert await store.unannounced() == []
+    kinds = [d.kind for d in await store.deliveries(record.approval_id)]
+    assert kinds == ["request", "outcome"]
+
+
+async def test_a_review_decided_before_announcing_announces_request_then_outcome(
+    store: SqlApprovalStore,
+) -> None:
+    record = await store.create(request())
+    await store.decide(record.approval_id, Decision(approved=False, decided_by="ana"))
+    assert [a.stage for a in await store.unannounced()] == ["request"]
+    await store.announce(record.approval_id, "request", [])
+    assert [a.stage for a in await store.unannounced()] == ["outcome"]
+
+
+async def test_concurrent_announcers_make_each_delivery_once(
+    store: SqlApprovalStore,
+) -> None:
+    record = await store.create(request())
+    wanted = [HOOK, NewDelivery("request", "webhook:audit")]
+    made = await asyncio.gather(
+        *(store.announce(record.approval_id, "request", wanted) for _ in range(5))
+    )
+    assert sorted(d.target for batch in made for d in batch) == ["webhook:audit", "webhook:ops"]
+    assert len(await store.deliveries(record.approval_id)) == 2
+
+
+async def test_a_claimed_delivery_is_settled_by_its_claimant_only(
+    store: SqlApprovalStore,
+) -> None:
+    record = await store.create(request())
+    [made] = await store.announce(record.approval_id, "request", [HOOK])
+    [claimed] = await store.claim_deliveries(worker="w1", lease=30)
+    assert claimed.delivery_id == made.delivery_id and claimed.claimed_by == "w1"
+    assert await store.claim_deliveries(worker="w2", lease=30) == []  # held by w1
+    with pytest.raises(DeliveryLost, match="held by w1, not w2"):
+        await store.delivered(made.delivery_id, worker="w2")
+    sent = await store.delivered(made.delivery_id, worker="w1", ref={"ts": "1.2"})
+    assert (sent.status, sent.attempts, sent.ref) == ("sent", 1, {"ts": "1.2"})
+    assert sent.sent_at is not None and sent.claimed_by is None
+    with pytest.raises(DeliveryLost, match="sent already"):
+        await store.delivered(made.delivery_id, worker="w1")
+    assert await store.claim_deliveries(worker="w1", lease=30) == []
+    events = [e for e in await store.events(record.approval_id) if e.kind == "delivered"]
+    assert [(e.actor, e.channel, e.detail) for e in events] == [
+        ("w1", "webhook", {"kind": "request", "target": "webhook:ops"})
+    ]
+
+
+async def test_a_failed_delivery_is_due_again_later(store: SqlApprovalStore, clock: Clock) -> None:
+    record = await store.create(request())
+    [made] = await store.announce(record.approval_id, "request", [HOOK])
+    await store.claim_deliveries(worker="w1", lease=30)
+    retry_at = clock.now + timedelta(seconds=10)
+    failed = await store.delivery_failed(
+        made.delivery_id, worker="w1", error="HTTP 503", retry_at=retry_at
+    )
+    assert (failed.status, failed.attempts, failed.error) == ("due", 1, "HTTP 503")
+    assert await store.claim_deliveries(worker="w1", lease=30) == []  # not due yet
+    clock.advance(10)
+    [again] = await store.claim_deliveries(worker="w2", lease=30)
+    assert again.delivery_id == made.delivery_id
+    sent = await store.delivered(made.delivery_id, worker="w2")
+    assert (sent.status, sent.attempts) == ("sent", 2)
+
+
+async def test_a_delivery_given_up_is_recorded(store: SqlApprovalStore) -> None:
+    record = await store.create(request())
+    [made] = await store.announce(record.approval_id, "request", [HOOK])
+    await store.claim_deliveries(worker="w1", lease=30)
+    gone = await store.delivery_failed(
+        made.delivery_id, worker="w1", error="HTTP 410", retry_at=None
+    )
+    assert gone.status == "failed"
+    [event] = [e for e in await store.events(record.approval_id) if e.kind == "undelivered"]
+    assert event.detail == {"kind": "request", "target": "webhook:ops", "error": "HTTP 410"}
+
+
+async def test_a_dead_claimants_delivery_is_claimed_again_after_its_lease(
+    store: SqlApprovalStore, clock: Clock
+) -> None:
+    record = await store.create(request())
+    await store.announce(record.approval_id, "request", [HOOK])
+    await store.claim_deliveries(worker="dead", lease=30)
+    clock.advance(29)
+    assert await store.claim_deliveries(worker="w2", lease=30) == []
+    clock.advance(1)
+    [taken] = await store.claim_deliveries(worker="w2", lease=30)
+    with pytest.raises(DeliveryLost):
+        await store.delivered(taken.delivery_id, worker="dead")
+    assert (await store.delivered(taken.delivery_id, worker="w2")).status == "sent"
+
+
+async def test_a_delivery_due_later_waits(store: SqlApprovalStore, clock: Clock) -> None:
+    record = await store.create(request())
+    later = NewDelivery("escalation", "webhook:ops", due_at=clock.now + timedelta(minutes=5))
+    await store.announce(record.approval_id, "request", [HOOK, later])
+    [now] = await store.claim_deliveries(worker="w", lease=30)
+    assert now.kind == "request"
+    await store.delivered(now.delivery_id, worker="w")
+    clock.advance(299)
+    assert await store.claim_deliveries(worker="w", lease=30) == []
+    clock.advance(1)
+    assert [d.kind for d in await store.claim_deliveries(worker="w", lease=30)] == ["escalation"]
+
+
+async def test_concurrent_claimants_share_the_deliveries(store: SqlApprovalStore) -> None:
+    for i in range(20):
+        record = await store.create(request(f"call_{i}"))
+        await store.announce(record.approval_id, "request", [HOOK])
+    batches = await asyncio.gather(
+        *(store.claim_deliveries(worker=f"w{i}", lease=30, limit=3) for i in range(10))
+    )
+    claimed = [d.delivery_id for batch in batches for d in batch]
+    assert len(claimed) == len(set(claimed)) == 20
+
+
+async def test_settling_an_unknown_delivery_is_refused(store: SqlApprovalStore) -> None:
+    with pytest.raises(DeliveryLost, match="no such delivery"):
+        await store.delivered(12345, worker="w1")
