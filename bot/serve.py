@@ -15,6 +15,7 @@ from bot.config import ConfigError, check_agents, load_agents, load_config
 from bot.http import create_app
 from bot.policy import authorize_by_rules
 from bot.service import BotService
+from bot.webhooks import WebhookChannel
 from core import SqlApprovalStore
 
 __all__ = ["Served", "serve", "serving"]
@@ -52,7 +53,8 @@ async def serving(
     store = SqlApprovalStore(config.store.url, auto_migrate=config.store.auto_migrate)
     try:
         await store.open()
-        service = BotService(config, store, agents)
+        channels = [WebhookChannel(config.webhooks)] if config.webhooks else []
+        service = BotService(config, store, agents, channels=channels)
         app = create_app(
             store=store,
             registry=service.registry,
@@ -80,6 +82,7 @@ async def serving(
             server.should_exit = True
             stop.set()
             await asyncio.gather(serving_task, working_task, return_exceptions=True)
+            await service.close()
     finally:
         await store.close()
 

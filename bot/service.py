@@ -20,14 +20,14 @@ import asyncio
 import logging
 import os
 import socket
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Protocol
 
 from bot.config import Config
+from bot.outbox import Channel, Dispatcher, OutboxStore
 from bot.policy import rules_executor
 from core import (
     Agent,
-    ApprovalStore,
     Executor,
     RunConflict,
     RunRecord,
@@ -42,8 +42,8 @@ __all__ = ["BotService", "BotStore", "UnknownAgentError"]
 log = logging.getLogger(__name__)
 
 
-class BotStore(ApprovalStore, RunStore, Protocol):
-    """A store of both approvals and runs (`SqlApprovalStore`)."""
+class BotStore(OutboxStore, RunStore, Protocol):
+    """A store of approvals, their outbox and runs (`SqlApprovalStore`)."""
 
 
 class UnknownAgentError(LookupError):
@@ -63,6 +63,7 @@ class BotService:
         store: BotStore,
         agents: Mapping[str, Agent],
         *,
+        channels: Sequence[Channel] = (),
         worker: str | None = None,
     ) -> None:
         self.config = config
@@ -78,6 +79,9 @@ class BotService:
         self._wake = asyncio.Event()
         self.counters: dict[str, int] = {"runs_started": 0, "runs_advanced": 0}
         """What this process has done since it started, for /metrics."""
+        self.dispatcher = Dispatcher(
+            store, channels, worker=self.worker, lease=60.0, counters=self.counters
+        )
 
     def agent(self, name: str) -> Agent:
         """The agent called `name`. Raises `UnknownAgentError`."""
@@ -97,14 +101,17 @@ class BotService:
             lease=self.lease,
         )
         self.counters["runs_started"] += 1
-        return await self._advance(run)
+        run = await self._advance(run)
+        self._wake.set()  # its calls may wait for review now: announce them
+        return run
 
     def decided(self) -> None:
         """Tell the workers a decision was recorded here: a run may be ready now."""
         self._wake.set()
 
     async def step(self) -> int:
-        """Time out overdue reviews, then continue every run that is ready; how many ran."""
+        """Time out overdue reviews, continue every run that is ready, then announce and
+        deliver what the outbox holds; how many runs were continued."""
         if await self.store.expire_due():
             log.info("reviews timed out")
         advanced = 0
@@ -113,7 +120,12 @@ class BotService:
                 await self._advance(run)
                 advanced += 1
                 self.counters["runs_advanced"] += 1
+        await self.dispatcher.step()
         return advanced
+
+    async def close(self) -> None:
+        """Let go of the channels' connections."""
+        await self.dispatcher.close()
 
     async def work(self, stop: asyncio.Event) -> None:
         """Run `step` whenever woken (by a decision here, or one that the database announces

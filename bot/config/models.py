@@ -180,9 +180,14 @@ class WebConfig(ConfigModel):
         return None if value is None else value.rstrip("/")
 
 
-WebhookEvent: TypeAlias = Literal["approval.pending", "approval.decided"]
-"""What a webhook is told of: a review opened, a review decided."""
-WEBHOOK_EVENTS: tuple[WebhookEvent, ...] = ("approval.pending", "approval.decided")
+WebhookEvent: TypeAlias = Literal["approval.pending", "approval.escalated", "approval.decided"]
+"""What a webhook is told of: a review opened, still open at its rule's `escalate_after`,
+decided."""
+WEBHOOK_EVENTS: tuple[WebhookEvent, ...] = (
+    "approval.pending",
+    "approval.escalated",
+    "approval.decided",
+)
 
 
 class Webhook(ConfigModel):
@@ -198,7 +203,7 @@ class Webhook(ConfigModel):
     secret: Secret
     """The signing key, at least 16 characters, written as `${NODBOT_WEBHOOK_SECRET}`."""
     events: list[WebhookEvent] = Field(default_factory=lambda: list(WEBHOOK_EVENTS))
-    """Which events to send (default both)."""
+    """Which events to send (default all three)."""
     timeout: Annotated[float, Field(gt=0, le=60)] = 10
     """Seconds to wait for an answer before the attempt counts as failed."""
 
@@ -213,7 +218,9 @@ class Webhook(ConfigModel):
     @classmethod
     def _events(cls, value: list[WebhookEvent]) -> list[WebhookEvent]:
         if not value or len(set(value)) != len(value):
-            raise problem("expected approval.pending and/or approval.decided, each once")
+            raise problem(
+                "expected some of approval.pending, approval.escalated, approval.decided, each once"
+            )
         return value
 
 

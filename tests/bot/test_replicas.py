@@ -1,5 +1,6 @@
 """Two bots on one PostgreSQL database: every run is resumed by one of them, each refund
-runs once, whichever bot started the run and whichever recorded the decision."""
+runs once, whichever bot started the run and whichever recorded the decision, and each
+review is posted (to a webhook) once when it opens and once when it is decided."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import pytest
 from bot.serve import serving
 from core import Decision, SqlApprovalStore
 from tests.bot import ledger_agent
+from tests.bot.webhook_receiver import SECRET, receiving
 from tests.support import postgres_database
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -22,10 +24,11 @@ HEADERS = {"Authorization": f"Bearer {TOKEN}"}
 RUNS = 12
 
 
-def config(tmp_path: Path, url: str, name: str) -> Path:
+def config(tmp_path: Path, url: str, name: str, hook: str | None = None) -> Path:
     path = tmp_path / f"{name}.yml"
+    webhooks = f"webhooks: [{{name: ops, url: '{hook}', secret: {SECRET}}}]" if hook else ""
     path.write_text(
-        f"""
+        f"""{webhooks}
 store: {{url: "{url}"}}
 server: {{host: 127.0.0.1, port: 0}}
 api:
@@ -53,9 +56,15 @@ async def test_two_replicas_resume_each_run_once(
 ) -> None:
     monkeypatch.chdir(ROOT)
     ledger_agent.RUNS.clear()
-    async with postgres_database() as url, contextlib.AsyncExitStack() as stack:
+    async with (
+        postgres_database() as url,
+        receiving() as receiver,
+        contextlib.AsyncExitStack() as stack,
+    ):
         bots = [
-            await stack.enter_async_context(serving(str(config(tmp_path, url, name))))
+            await stack.enter_async_context(
+                serving(str(config(tmp_path, url, name, hook=receiver.url)))
+            )
             for name in ("a", "b")
         ]
         clients = [
@@ -82,6 +91,12 @@ async def test_two_replicas_resume_each_run_once(
                 break
             await asyncio.sleep(0.05)
         assert set(await statuses(clients[0], run_ids)) == {"finished"}
+        await receiver.wait_for(2 * RUNS)
+        await asyncio.sleep(0.3)  # a repeat, if any, would arrive meanwhile
+        for event in ("approval.pending", "approval.decided"):
+            posted = [r.body["approval"]["approval_id"] for r in receiver.events(event)]
+            assert sorted(posted) == sorted(approvals), event
+        assert all(r.signed for r in receiver.received)
     assert sorted(ledger_agent.RUNS) == sorted((f"o-{n}", float(n + 1)) for n in range(RUNS))
 
 

@@ -1,0 +1,177 @@
+"""The dispatcher: it turns reviews into deliveries and hands them to the channels.
+
+Each `step` first announces what is new (a review opened: its request; a review decided: its
+outcome), asking every channel which deliveries it wants (`Channel.targets`), then delivers
+what is due (`Channel.deliver`). A failed attempt is due again after a backoff (1 s, doubling,
+at most `max_backoff`, or the channel's own `retry_after`); a channel that says it never will
+deliver (`DeliveryError(permanent=True)`) gives the delivery up, and the events say so.
+Nothing is lost: every delivery stays in the store until it is sent or given up.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+from collections.abc import Callable, Sequence
+from datetime import datetime, timedelta
+from typing import Any, Protocol
+
+from core import (
+    ApprovalNotFound,
+    ApprovalRecord,
+    ApprovalStore,
+    Delivery,
+    DeliveryLost,
+    NewDelivery,
+    Outbox,
+)
+from core.outbox import Stage
+from core.store import utc_now
+
+__all__ = ["Channel", "DeliveryError", "Dispatcher", "OutboxStore", "backoff"]
+
+log = logging.getLogger(__name__)
+
+
+class DeliveryError(Exception):
+    """A delivery that did not go through: tried again later, unless `permanent`."""
+
+    def __init__(
+        self, message: str, *, permanent: bool = False, retry_after: float | None = None
+    ) -> None:
+        super().__init__(message)
+        self.permanent = permanent
+        self.retry_after = retry_after
+
+
+class Channel(Protocol):
+    """Somewhere reviews are told: webhooks here; Slack and email plug in the same way."""
+
+    name: str
+    """The channel part of its targets (`webhook` in `webhook:ops`)."""
+
+    def targets(self, record: ApprovalRecord, stage: Stage) -> list[NewDelivery]:
+        """The deliveries this channel wants for the review at this stage."""
+        ...
+
+    async def deliver(self, delivery: Delivery, record: ApprovalRecord) -> dict[str, Any] | None:
+        """Deliver; returns what to keep about it (kept as the delivery's `ref`). Raises
+        `DeliveryError`."""
+        ...
+
+    async def close(self) -> None:
+        """Let go of connections."""
+        ...
+
+
+class OutboxStore(ApprovalStore, Outbox, Protocol):
+    """A store of approvals with its outbox (`SqlApprovalStore`)."""
+
+
+def backoff(attempts: int, *, base: float = 1.0, cap: float = 300.0) -> float:
+    """Seconds before the next attempt after `attempts` failed ones: doubling from `base`,
+    at most `cap`, with up to 10% jitter so that replicas do not retry in step."""
+    delay = min(cap, base * float(2 ** max(0, attempts - 1)))
+    return delay * (1 + random.random() / 10)
+
+
+class Dispatcher:
+    """Announces reviews and delivers what is due, for the channels given."""
+
+    def __init__(
+        self,
+        store: OutboxStore,
+        channels: Sequence[Channel],
+        *,
+        worker: str,
+        lease: float = 60.0,
+        concurrency: int = 16,
+        min_backoff: float = 1.0,
+        max_backoff: float = 300.0,
+        clock: Callable[[], datetime] = utc_now,
+        counters: dict[str, int] | None = None,
+    ) -> None:
+        self.store = store
+        self.channels = {channel.name: channel for channel in channels}
+        self.worker = worker
+        self.lease = lease
+        self.min_backoff = min_backoff
+        self.max_backoff = max_backoff
+        self._slots = asyncio.Semaphore(concurrency)
+        self._clock = clock
+        self.counters = counters if counters is not None else {}
+        """Deliveries sent and failed by this process, for /metrics."""
+        self.counters.update(deliveries_sent=0, deliveries_failed=0)
+
+    async def step(self) -> int:
+        """Announce what is new, then deliver what is due; how many were delivered."""
+        await self.announce()
+        delivered = 0
+        # A failed delivery is due again only after a backoff, so this ends.
+        while claimed := await self.store.claim_deliveries(worker=self.worker, lease=self.lease):
+            delivered += sum(await asyncio.gather(*(self._deliver(d) for d in claimed)))
+        return delivered
+
+    async def announce(self) -> int:
+        """Make the deliveries of every review with something to announce; how many."""
+        made = 0
+        while announcements := await self.store.unannounced():
+            for announcement in announcements:
+                record, stage = announcement.record, announcement.stage
+                wanted = [d for c in self.channels.values() for d in c.targets(record, stage)]
+                made += len(await self.store.announce(record.approval_id, stage, wanted))
+        return made
+
+    async def close(self) -> None:
+        for channel in self.channels.values():
+            await channel.close()
+
+    async def _deliver(self, delivery: Delivery) -> bool:
+        async with self._slots:
+            try:
+                record = await self.store.get(delivery.approval_id)
+                channel = self.channels.get(delivery.channel)
+                if channel is None:
+                    raise DeliveryError(
+                        f"no {delivery.channel} channel is configured", permanent=True
+                    )
+                ref = await channel.deliver(delivery, record)
+            except (DeliveryError, ApprovalNotFound) as exc:
+                return await self._failed(delivery, exc)
+            except Exception as exc:
+                log.exception("delivery %s to %s failed", delivery.delivery_id, delivery.target)
+                return await self._failed(delivery, DeliveryError(f"{type(exc).__name__}: {exc}"))
+            try:
+                await self.store.delivered(delivery.delivery_id, worker=self.worker, ref=ref)
+            except DeliveryLost as exc:
+                log.warning("delivered, but %s", exc)  # another worker took it over: it repeats
+                return False
+            self.counters["deliveries_sent"] += 1
+            return True
+
+    async def _failed(self, delivery: Delivery, exc: Exception) -> bool:
+        permanent = isinstance(exc, ApprovalNotFound) or getattr(exc, "permanent", False)
+        retry_at = None
+        if not permanent:
+            wait = backoff(delivery.attempts + 1, base=self.min_backoff, cap=self.max_backoff)
+            retry_after = getattr(exc, "retry_after", None)
+            if retry_after is not None:
+                wait = max(wait, retry_after)
+            retry_at = self._clock() + timedelta(seconds=wait)
+        log.warning(
+            "delivery %s to %s failed (attempt %s): %s; %s",
+            delivery.delivery_id,
+            delivery.target,
+            delivery.attempts + 1,
+            exc,
+            "given up" if retry_at is None else f"tried again at {retry_at:%H:%M:%S}",
+        )
+        self.counters["deliveries_failed"] += 1
+        try:
+            await self.store.delivery_failed(
+                delivery.delivery_id, worker=self.worker, error=str(exc), retry_at=retry_at
+            )
+        except DeliveryLost as lost:
+            log.warning("could not record the failure: %s", lost)
+        return False
