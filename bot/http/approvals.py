@@ -54,6 +54,7 @@ from core import (
     InvalidDecisionError,
     StoreError,
     ToolRegistry,
+    UnknownToolError,
 )
 
 __all__ = ["SELF_APPROVAL_REASON", "AuthorizeDecision", "create_app", "refuse_self_approval"]
@@ -193,6 +194,13 @@ class _ApprovalsApi:
             raise ApiError(
                 422, "the edited arguments are not valid for the tool", details=exc.details()
             ) from None
+        except UnknownToolError as exc:
+            # A call paused by an app that runs its own tools: the bot cannot check an edit.
+            message = (
+                f"edits of {exc.tool} cannot be checked here (none of this bot's agents has "
+                "that tool): approve or deny it, or edit it where the tool runs"
+            )
+            raise ApiError(422, message, details=exc.details()) from None
         log.info("approval %s %s by %s via api", decided.approval_id, decided.status, principal)
         self.counters["decisions"] += 1
         if self.on_decided is not None:

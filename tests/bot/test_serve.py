@@ -17,6 +17,8 @@ import pytest
 
 from bot.serve import Served, serving
 from tests.bot.test_cli import nodbot
+from tests.bot.webhook_receiver import SECRET as RECEIVER_SECRET
+from tests.bot.webhook_receiver import receiving
 
 ROOT = Path(__file__).resolve().parents[2]
 TOKENS = {
@@ -260,3 +262,42 @@ async def test_metrics_count_approvals_runs_and_decisions(served: Served) -> Non
     assert "nodbot_runs_advanced_total 1" in lines
     assert "nodbot_decisions_total 1" in lines
     assert "# TYPE nodbot_decisions_total counter" in lines
+
+
+async def test_an_escalation_is_announced_and_lets_its_reviewers_decide(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for name, value in TOKENS.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.chdir(ROOT)
+    async with receiving() as receiver:
+        review = f"""    reviewers: [U0123LEADS]
+    escalate_after: 1s
+    escalate_to: [U0777OTHER]
+webhooks:
+  - {{name: ops, url: "{receiver.url}", secret: {RECEIVER_SECRET}}}"""
+        path = config(tmp_path, review)
+        async with serving(str(path)) as bot, httpx.AsyncClient(base_url=bot.url) as client:
+            started = await client.post(
+                "/runs",
+                json={"agent": "support", "input": "Refund order A-1001"},
+                headers=as_("ana"),
+            )
+            [pending] = started.json()["pending"]
+            decide = f"/approvals/{pending['approval_id']}/decide"
+            early = await client.post(decide, json={"action": "approve"}, headers=as_("other"))
+            assert early.status_code == 403  # not a reviewer until the escalation
+            await receiver.wait_for(2)  # the request, then the escalation a second later
+            assert [r.event for r in receiver.received] == [
+                "approval.pending",
+                "approval.escalated",
+            ]
+            escalated = receiver.received[1]
+            assert escalated.signed and escalated.at - receiver.received[0].at >= 0.9
+            late = await client.post(decide, json={"action": "approve"}, headers=as_("other"))
+            assert late.status_code == 200, late.text
+            assert (await until_finished(client, started.json()["run_id"]))["status"] == "finished"
+            await receiver.wait_for(3)
+            assert receiver.received[2].event == "approval.decided"
+            decided_by = receiver.received[2].body["approval"]["decision"]["decided_by"]
+            assert decided_by == "U0777OTHER"
