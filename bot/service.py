@@ -77,6 +77,7 @@ class BotService:
             name: rules_executor(agent.tools, config, store) for name, agent in agents.items()
         }
         self._wake = asyncio.Event()
+        self._changes = asyncio.Event()
         self.counters: dict[str, int] = {"runs_started": 0, "runs_advanced": 0}
         """What this process has done since it started, for /metrics."""
         self.dispatcher = Dispatcher(
@@ -104,6 +105,14 @@ class BotService:
         run = await self._advance(run)
         self._wake.set()  # its calls may wait for review now: announce them
         return run
+
+    def run_changes(self) -> asyncio.Event:
+        """An event set the next time this process moves a run on (see `GET /runs/{id}?wait`)."""
+        return self._changes
+
+    def _changed(self) -> None:
+        changes, self._changes = self._changes, asyncio.Event()
+        changes.set()
 
     def decided(self) -> None:
         """Tell the workers a decision was recorded here: a run may be ready now."""
@@ -153,6 +162,12 @@ class BotService:
                     task.cancel()
 
     async def _advance(self, run: RunRecord) -> RunRecord:
+        try:
+            return await self._advance_once(run)
+        finally:
+            self._changed()
+
+    async def _advance_once(self, run: RunRecord) -> RunRecord:
         agent = self.agents.get(run.agent)
         if agent is None:
             error = f"agent {run.agent!r} is not configured any more"

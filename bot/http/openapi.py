@@ -107,10 +107,13 @@ def _run_paths() -> dict[str, Any]:
         },
         "/runs/{run_id}": {
             "get": _operation(
-                "A run, with the approvals it waits for",
+                "A run, with the approvals it waits for; with `wait`, once it has settled",
                 "approvals:read",
-                _answers("200", RunView, "401", "403", "404"),
-                parameters=[_param("run_id", "path", {"type": "string"})],
+                _answers("200", RunView, "401", "403", "404", "422"),
+                parameters=[
+                    _param("run_id", "path", {"type": "string"}),
+                    _param("wait", "query", {"type": "number", "minimum": 0, "maximum": 60}),
+                ],
             )
         },
     }

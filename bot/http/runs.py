@@ -4,10 +4,17 @@
 |---------------------|----------------|--------------------------------------------------|
 | `POST /runs`        | runs:write     | 201, the run as far as it went without a person  |
 | `GET /runs/{id}`    | approvals:read | the run, with the approvals its calls wait for   |
+
+`GET /runs/{id}?wait=<seconds>` (at most 60) answers as soon as the run has settled (finished,
+failed, or waiting for a review nobody has decided yet) or when the seconds have passed,
+whichever comes first: a client follows a run without polling it.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import time
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
@@ -22,7 +29,19 @@ from bot.http.schemas import ApprovalView
 from bot.service import BotService, UnknownAgentError
 from core import RunNotFound, RunRecord, RunStatus, ToolMessage
 
-__all__ = ["RunBody", "RunView", "ToolResultView", "run_routes"]
+__all__ = ["MAX_WAIT", "RunBody", "RunQuery", "RunView", "ToolResultView", "run_routes"]
+
+MAX_WAIT = 60.0
+"""The longest `wait` a request may ask for, seconds."""
+
+
+class RunQuery(BaseModel):
+    """The query of `GET /runs/{id}`."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    wait: Annotated[float, Field(ge=0, le=MAX_WAIT)] = 0
+    """Seconds to wait for the run to settle before answering (0: answer at once)."""
 
 
 class RunBody(BaseModel):
@@ -82,17 +101,35 @@ def run_routes(service: BotService, tokens: TokenTable) -> list[Route]:
 
     async def show(request: Request) -> Response:
         tokens.require(request, "approvals:read")
+        query = parse(RunQuery, dict(request.query_params), "invalid query parameters")
         run_id = request.path_params["run_id"]
-        try:
-            run = await service.store.get_run(run_id)
-        except RunNotFound:
-            raise ApiError(404, "no run has this id", details={"run_id": run_id}) from None
-        return json_response(await _view(service, run))
+        deadline = time.monotonic() + query.wait
+        while True:
+            changed = service.run_changes()  # taken before reading: no change is missed
+            try:
+                run = await service.store.get_run(run_id)
+            except RunNotFound:
+                raise ApiError(404, "no run has this id", details={"run_id": run_id}) from None
+            view = await _view(service, run)
+            left = deadline - time.monotonic()
+            if _settled(view) or left <= 0:
+                return json_response(view)
+            # Woken when this bot moves a run on; another replica's work is seen within a
+            # poll interval.
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(changed.wait(), min(left, service.poll))
 
     return [
         Route("/runs", start, methods=["POST"]),
         Route("/runs/{run_id}", show, methods=["GET"]),
     ]
+
+
+def _settled(view: RunView) -> bool:
+    """Whether the run stays as it is until someone acts: ended, or waiting for a review."""
+    return view.status in ("finished", "failed") or (
+        view.status == "waiting" and bool(view.pending)
+    )
 
 
 async def _view(service: BotService, run: RunRecord) -> RunView:

@@ -301,3 +301,24 @@ webhooks:
             assert receiver.received[2].event == "approval.decided"
             decided_by = receiver.received[2].body["approval"]["decision"]["decided_by"]
             assert decided_by == "U0777OTHER"
+
+
+async def test_a_client_can_wait_for_a_run_without_polling(served: Served) -> None:
+    async with httpx.AsyncClient(base_url=served.url) as client:
+        body = {"agent": "support", "input": "Refund order A-1001"}
+        run = (await client.post("/runs", json=body, headers=as_("ana"))).json()
+        show = f"/runs/{run['run_id']}"
+        began = time.monotonic()
+        paused = (await client.get(show, params={"wait": 5}, headers=as_("lead"))).json()
+        assert paused["status"] == "waiting" and paused["pending"]
+        assert time.monotonic() - began < 1  # settled already: answered at once
+        decide = f"/approvals/{run['pending'][0]['approval_id']}/decide"
+        await client.post(decide, json={"action": "approve"}, headers=as_("lead"))
+        began = time.monotonic()
+        done = (await client.get(show, params={"wait": 5}, headers=as_("lead"))).json()
+        assert done["status"] == "finished"
+        assert time.monotonic() - began < 2
+        for wrong in ("61", "-1", "soon"):
+            answer = await client.get(show, params={"wait": wrong}, headers=as_("lead"))
+            assert answer.status_code == 422, wrong
+            assert answer.json()["details"]["errors"][0]["field"] == "wait"
