@@ -28,7 +28,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import gc
-import ipaddress
 import itertools
 import os
 import secrets
@@ -41,12 +40,18 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
 # Keep LangSmith tracing off whatever the environment says: the benchmark stays on loopback.
 for _name in ("LANGSMITH_TRACING", "LANGCHAIN_TRACING_V2", "LANGCHAIN_TRACING"):
     os.environ[_name] = "false"
 
+ROOT = Path(__file__).resolve().parents[1]
+# `python bench/cycle.py` puts bench/ first on sys.path; the repository's root goes there
+# instead, so that `bench.support` is found.
+if sys.path and Path(sys.path[0] or os.curdir).resolve() == ROOT / "bench":
+    sys.path[0] = str(ROOT)
+
+from bench.support import fresh_postgres, postgres_server  # noqa: E402
 from core import (  # noqa: E402  (after the tracing switch above)
     ApprovalStore,
     Decision,
@@ -59,7 +64,6 @@ from core import (  # noqa: E402  (after the tracing switch above)
     ToolRegistry,
 )
 
-DEFAULT_POSTGRES_URL = "postgresql://postgres@127.0.0.1:5432/postgres"
 PEER_GOAL = 20.0
 """nodbot on SQLite must do at least this many times the peer's cycles/s."""
 FLOOR_GOAL = 10.0
@@ -144,55 +148,26 @@ async def nodbot_sql(
         await store.close()
 
 
-def is_loopback(host: str | None) -> bool:
-    """Whether `host` names this machine (a loopback address or `localhost`)."""
-    if not host:
-        return False
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
 async def nodbot_postgres(server_url: str, cycles: int, warmup: int) -> list[Result]:
     """The nodbot workload on a fresh PostgreSQL database, one run at a time and
     `POSTGRES_CONCURRENCY` at once; the database is dropped at the end, even on error.
 
     Returns nothing (and says why) when the server is not on loopback or is unreachable.
     """
-    import asyncpg
-
-    parts = urlsplit(server_url)
-    if not is_loopback(parts.hostname):
-        print(f"postgresql: skipped, {parts.hostname!r} is not a loopback address")
-        return []
-    try:
-        admin = await asyncpg.connect(server_url, timeout=5)
-    except (TimeoutError, OSError, asyncpg.PostgresError) as exc:
-        print(f"postgresql: unreachable at {parts.hostname}:{parts.port or 5432} ({exc})")
-        return []
-    name = f"nodbot_bench_{secrets.token_hex(6)}"
-    try:
-        await admin.execute(f'CREATE DATABASE "{name}"')
-        try:
-            url = urlunsplit(("postgresql", parts.netloc, f"/{name}", "", ""))
-            return [
-                await postgres_floor(url, cycles, warmup),
-                await nodbot_sql("nodbot postgresql", url, cycles, warmup),
-                await nodbot_sql(
-                    f"nodbot postgresql x{POSTGRES_CONCURRENCY}",
-                    url,
-                    cycles,
-                    warmup,
-                    POSTGRES_CONCURRENCY,
-                ),
-            ]
-        finally:
-            await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-    finally:
-        await admin.close()
+    async with fresh_postgres(server_url) as url:
+        if url is None:
+            return []
+        return [
+            await postgres_floor(url, cycles, warmup),
+            await nodbot_sql("nodbot postgresql", url, cycles, warmup),
+            await nodbot_sql(
+                f"nodbot postgresql x{POSTGRES_CONCURRENCY}",
+                url,
+                cycles,
+                warmup,
+                POSTGRES_CONCURRENCY,
+            ),
+        ]
 
 
 async def postgres_floor(url: str, cycles: int, warmup: int) -> Result:
@@ -228,8 +203,7 @@ async def nodbot_all(args: argparse.Namespace, tmp: Path) -> list[Result]:
     results = [
         await nodbot_cycles("nodbot memory", MemoryApprovalStore(), args.cycles, args.warmup)
     ]
-    server_url = os.environ.get("NODBOT_BENCH_POSTGRES_URL", DEFAULT_POSTGRES_URL)
-    results += await nodbot_postgres(server_url, args.cycles, args.warmup)
+    results += await nodbot_postgres(postgres_server(), args.cycles, args.warmup)
     return results
 
 

@@ -125,8 +125,17 @@ class BotService:
             log.info("reviews timed out")
         advanced = 0
         while claimed := await self.store.claim_ready(worker=self.worker, lease=self.lease):
-            for run in claimed:
-                await self._advance(run)
+            # The claimed runs go on side by side: one waiting on its database round trips
+            # or its tool does not hold up the others.
+            outcomes = await asyncio.gather(
+                *(self._advance(run) for run in claimed), return_exceptions=True
+            )
+            for run, outcome in zip(claimed, outcomes, strict=True):
+                if isinstance(outcome, BaseException):
+                    if not isinstance(outcome, Exception):
+                        raise outcome  # cancellation, interrupts: not the run's fault
+                    log.error("run %s could not go on", run.run_id, exc_info=outcome)
+                    continue
                 advanced += 1
                 self.counters["runs_advanced"] += 1
         await self.dispatcher.step()
