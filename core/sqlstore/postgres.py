@@ -68,6 +68,44 @@ SELECT {COLUMNS} FROM approvals
 WHERE run_id = $2 AND call_id = $3 AND finished_at IS NULL
   AND NOT EXISTS (SELECT 1 FROM inserted)"""
 
+# A claim in one statement: take the call's decided record, or else create it, or else say
+# what the active record is. All parts see one snapshot; a record another transaction made
+# or changed meanwhile is settled by the caller (see PostgresBackend.claim).
+_CLAIM = f"""
+WITH taken AS (
+    UPDATE approvals
+    SET consumed_at = $10,
+        finished_at = CASE WHEN status = 'denied' THEN $10::timestamptz END,
+        outcome = CASE WHEN status = 'denied' THEN 'denied' END
+    WHERE run_id = $2 AND call_id = $3 AND finished_at IS NULL
+      AND decided_at IS NOT NULL AND consumed_at IS NULL AND tool = $4 AND digest = $6
+    RETURNING {COLUMNS}
+), inserted AS (
+    INSERT INTO approvals (approval_id, run_id, call_id, tool, arguments, digest,
+                           requested_by, status, created_at, deadline, on_timeout, policy,
+                           approvals_required)
+    SELECT $1::text, $2::text, $3::text, $4::text, $5::text, $6::text, $7::text, $8::text,
+           $9::timestamptz, $11::timestamptz, $12::text, $13::text, $14::integer
+    WHERE NOT EXISTS (SELECT 1 FROM taken)
+    ON CONFLICT (run_id, call_id) WHERE finished_at IS NULL DO NOTHING
+    RETURNING {COLUMNS}
+), logged AS (
+    {_EVENTS}
+    SELECT approval_id, 'created', $10::timestamptz, requested_by, NULL, '{{}}' FROM inserted
+    UNION ALL
+    SELECT approval_id, 'consumed', $10::timestamptz, $15::text, 'executor', '{{}}' FROM taken
+    UNION ALL
+    SELECT approval_id, 'finished', $10::timestamptz, NULL, 'executor', $16::text FROM taken
+    WHERE status = 'denied'
+)
+SELECT 'taken' AS claimed, {COLUMNS} FROM taken
+UNION ALL
+SELECT 'created', {COLUMNS} FROM inserted
+UNION ALL
+SELECT 'active', {COLUMNS} FROM approvals
+WHERE run_id = $2 AND call_id = $3 AND finished_at IS NULL
+  AND NOT EXISTS (SELECT 1 FROM taken) AND NOT EXISTS (SELECT 1 FROM inserted)"""
+
 _ACTIVE = f"""
 SELECT {COLUMNS} FROM approvals WHERE run_id = $1 AND call_id = $2 AND finished_at IS NULL"""
 
@@ -278,15 +316,28 @@ class PostgresBackend:
         event_at: datetime,
         actor: str | None,
     ) -> Claimed:
-        # Two statements, each atomic on its own: the consume's condition (decided, not
-        # consumed) is what makes one call win, whatever happened between them.
         row = new_row()
-        active = await self.create(row, event_at)
-        if active["approval_id"] == row["approval_id"]:
+        arguments = (
+            row["approval_id"], row["run_id"], row["call_id"], row["tool"], row["arguments"],
+            row["digest"], row["requested_by"], row["status"], row["created_at"], event_at,
+            row["deadline"], row["on_timeout"], row["policy"], row["approvals_required"],
+            actor, detail("outcome", "denied"),
+        )  # fmt: skip
+        found = await self._pool.fetchrow(_CLAIM, *arguments)
+        while found is None:
+            # The active record was made by a transaction that ended after this statement's
+            # snapshot: claim again, now that it can be seen.
+            found = await self._pool.fetchrow(_CLAIM, *arguments)
+        claimed, active = found["claimed"], {name: found[name] for name in COLUMN_NAMES}
+        if claimed == "taken":
+            return Claimed("taken", active)
+        if claimed == "created":
             return Claimed("pending", active)
         step = claim_step(active, request)
         if step == "pending" or step == "mismatch":
             return Claimed(step, active)
+        # In use, or taken by another call since the snapshot: consume() refuses, and
+        # records the refused attempt.
         change = await self.consume(active["approval_id"], event_at, actor)
         if change.changed is not None:
             return Claimed("taken", change.changed)
