@@ -246,8 +246,10 @@ class ApprovalStore(Protocol):
         run_id: str | None = None,
         status: ApprovalStatus | None = None,
         limit: int | None = None,
+        newest_first: bool = False,
     ) -> _Records:
-        """Records in creation order, filtered by run and status."""
+        """Records in creation order (newest first if asked), filtered by run and status;
+        at most `limit` of them."""
         ...
 
     async def decide(
@@ -337,6 +339,7 @@ class MemoryApprovalStore:
         run_id: str | None = None,
         status: ApprovalStatus | None = None,
         limit: int | None = None,
+        newest_first: bool = False,
     ) -> _Records:
         with self._lock:
             found = [
@@ -345,6 +348,8 @@ class MemoryApprovalStore:
                 if (run_id is None or record.request.run_id == run_id)
                 and (status is None or record.status == status)
             ]
+        if newest_first:
+            found.reverse()
         return found if limit is None else found[:limit]
 
     async def decide(

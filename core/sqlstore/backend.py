@@ -246,9 +246,9 @@ class Backend(Protocol):
         ...
 
     async def list_rows(
-        self, run_id: str | None, status: str | None, limit: int | None
+        self, run_id: str | None, status: str | None, limit: int | None, newest_first: bool
     ) -> list[Row]:
-        """Rows in creation order."""
+        """Rows in creation order, or newest first."""
         ...
 
     async def decide(

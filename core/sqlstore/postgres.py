@@ -355,7 +355,7 @@ class PostgresBackend:
         )
 
     async def list_rows(
-        self, run_id: str | None, status: str | None, limit: int | None
+        self, run_id: str | None, status: str | None, limit: int | None, newest_first: bool
     ) -> list[Row]:
         where, arguments = [], []
         for column, value in (("run_id", run_id), ("status", status)):
@@ -365,7 +365,7 @@ class PostgresBackend:
         query = f"SELECT {COLUMNS} FROM approvals"
         if where:
             query += " WHERE " + " AND ".join(where)
-        query += " ORDER BY seq"
+        query += " ORDER BY seq DESC" if newest_first else " ORDER BY seq"
         if limit is not None:
             query += f" LIMIT {int(limit)}"
         return [dict(record) for record in await self._pool.fetch(query, *arguments)]

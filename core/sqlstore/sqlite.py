@@ -331,7 +331,7 @@ class SqliteBackend:
         return await self._fetch_one(_SELECT_NEWEST, (run_id, call_id))
 
     async def list_rows(
-        self, run_id: str | None, status: str | None, limit: int | None
+        self, run_id: str | None, status: str | None, limit: int | None, newest_first: bool
     ) -> list[Row]:
         where, parameters = [], []
         if run_id is not None:
@@ -347,7 +347,7 @@ class SqliteBackend:
             query += " INDEXED BY approvals_call"
         if where:
             query += " WHERE " + " AND ".join(where)
-        query += " ORDER BY seq"
+        query += " ORDER BY seq DESC" if newest_first else " ORDER BY seq"
         if limit is not None:
             query += f" LIMIT {int(limit)}"
         return [_row(found) or {} for found in await self._fetch_all(query, parameters)]

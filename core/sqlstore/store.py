@@ -163,10 +163,11 @@ class SqlApprovalStore:
         run_id: str | None = None,
         status: ApprovalStatus | None = None,
         limit: int | None = None,
+        newest_first: bool = False,
     ) -> _Records:
         backend = await self._ready()
         with self._errors():
-            rows = await backend.list_rows(run_id, status, limit)
+            rows = await backend.list_rows(run_id, status, limit, newest_first)
         return [_record(row) for row in rows]
 
     async def decide(

@@ -88,6 +88,14 @@ async def test_list_filters_by_run_and_status_in_creation_order(store: ApprovalS
     assert len(await store.list(limit=2)) == 2
 
 
+async def test_list_newest_first_with_a_limit(store: ApprovalStore) -> None:
+    ids = [(await store.create(request(f"call_{i}"))).approval_id for i in range(5)]
+    newest = await store.list(status="pending", limit=2, newest_first=True)
+    assert [r.approval_id for r in newest] == [ids[4], ids[3]]
+    by_run = await store.list(run_id="run_1", newest_first=True)
+    assert [r.approval_id for r in by_run] == ids[::-1]
+
+
 async def test_decide_records_the_decision(store: ApprovalStore) -> None:
     record = await store.create(request())
     decided = await store.decide(record.approval_id, APPROVE, channel="api")
