@@ -12,6 +12,7 @@ from bot.approvals_cli import add_approvals_commands, run_approvals_command
 from bot.config import ConfigError, check_agents, load_config
 from bot.runs_cli import add_runs_commands, run_runs_command
 from bot.serve import serve
+from bot.web import sign_in_link
 from core import NodbotError, SqlApprovalStore, __version__
 from core.sqlstore import head_revision
 
@@ -52,6 +53,19 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--config", default="nodbot.yml", metavar="FILE", help="nodbot.yml")
     serve.add_argument("--host", help="listen address (default: server.host of the file)")
     serve.add_argument("--port", type=int, help="port (default: server.port; 0 picks one)")
+    link = commands.add_parser(
+        "inbox-link",
+        help="print a link that signs a reviewer in to the web inbox",
+        description="Print a sign-in link to the web inbox for one reviewer, valid for "
+        "web.link_ttl; it is signed with web.secret, which the file must set.",
+    )
+    link.add_argument("--config", default="nodbot.yml", metavar="FILE", help="nodbot.yml")
+    link.add_argument(
+        "--reviewer",
+        required=True,
+        metavar="WHO",
+        help="who signs in: a Slack user id or an email address, as in the rules' reviewers",
+    )
     add_approvals_commands(commands)
     add_runs_commands(commands)
     return parser
@@ -112,6 +126,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(asyncio.run(run_approvals_command(arguments)))
         elif arguments.command == "runs":
             print(asyncio.run(run_runs_command(arguments)))
+        elif arguments.command == "inbox-link":
+            print(sign_in_link(load_config(arguments.config), arguments.reviewer))
         else:
             print(asyncio.run(_migrate(arguments.store)))
     except ConfigError as error:

@@ -15,6 +15,7 @@ from bot.config import ConfigError, check_agents, load_agents, load_config
 from bot.http import create_app
 from bot.policy import authorize_by_rules
 from bot.service import BotService
+from bot.web import WebInbox
 from bot.webhooks import WebhookChannel
 from core import SqlApprovalStore
 
@@ -34,6 +35,13 @@ class Served:
     service: BotService
     stopped: asyncio.Task[None]
     """Done when the HTTP server has stopped (it stops on SIGINT and SIGTERM)."""
+    inbox: WebInbox
+    """The web inbox under /inbox."""
+
+    def sign_in_link(self, principal: str) -> str:
+        """A link that signs `principal` in to this bot's web inbox. It is signed with the
+        secret the inbox uses, the random one made at start when `web.secret` is not set."""
+        return self.inbox.sign_in_link(principal, self.url)
 
 
 @contextlib.asynccontextmanager
@@ -55,12 +63,20 @@ async def serving(
         await store.open()
         channels = [WebhookChannel(config.webhooks)] if config.webhooks else []
         service = BotService(config, store, agents, channels=channels)
+        inbox = WebInbox(
+            store=store,
+            registry=service.registry,
+            web=config.web,
+            service=service,
+            authorize=authorize_by_rules,
+        )
         app = create_app(
             store=store,
             registry=service.registry,
             tokens=config.api.tokens,
             authorize_decision=authorize_by_rules,
             service=service,
+            inbox=inbox,
         )
         server = uvicorn.Server(
             uvicorn.Config(
@@ -77,7 +93,7 @@ async def serving(
             await _started(server, serving_task)
             bound_host, bound_port = server.servers[0].sockets[0].getsockname()[:2]
             url = f"http://{bound_host}:{bound_port}"
-            yield Served(url, store.display_url, service, serving_task)
+            yield Served(url, store.display_url, service, serving_task, inbox)
         finally:
             server.should_exit = True
             stop.set()

@@ -1,10 +1,11 @@
 """The bot, on this machine: `make demo`.
 
 Starts nodbot on a SQLite file with the example support agent, starts a run whose refund of
-120.0 pauses for review, and tells you how to approve, edit or deny it over the HTTP API.
-When you have decided, it shows the run finish. Ctrl-C stops it.
+120.0 pauses for review, and prints a link that signs you in to the web inbox, where you
+approve, edit or deny it (or the curl commands that do the same over the HTTP API). When you
+have decided, it shows the run finish. Ctrl-C stops it.
 
-    python examples/bot_demo.py                  # you decide, with the commands it prints
+    python examples/bot_demo.py                  # you decide, in the inbox or with curl
     python examples/bot_demo.py --auto edit      # it decides for you (approve, edit, deny)
 """
 
@@ -28,6 +29,8 @@ REVIEWER = "demo-lead@example.com"
 CONFIG = """\
 store: {{url: "sqlite:///{folder}/nodbot.db"}}
 server: {{host: 127.0.0.1, port: {port}}}
+web:
+  secret: "{web_secret}"
 api:
   tokens:
     - name: {reviewer}
@@ -51,13 +54,15 @@ ANSWERS: dict[str, dict[str, Any]] = {
 }
 
 
-def instructions(url: str, token: str, approval_id: str) -> str:
+def instructions(url: str, token: str, approval_id: str, link: str) -> str:
     decide = (
         f"curl -s -X POST {url}/approvals/{approval_id}/decide -H 'Authorization: Bearer {token}'"
     )
     return "\n".join(
         [
-            "The refund waits for you. Decide it with one of:",
+            f"The refund waits for you. Open the inbox (signed in as {REVIEWER}) to decide it:",
+            f"  {link}",
+            "Or decide it over the HTTP API with one of:",
             f'  approve: {decide} -d \'{{"action": "approve"}}\'',
             f'  edit:    {decide} -d \'{{"action": "edit", "arguments": {{"amount": 100}}}}\'',
             f'  deny:    {decide} -d \'{{"action": "deny", "reason": "not without a receipt"}}\'',
@@ -68,10 +73,15 @@ def instructions(url: str, token: str, approval_id: str) -> str:
 
 async def demo(auto: str | None, port: int) -> None:
     token = secrets.token_urlsafe(16)
+    web_secret = secrets.token_urlsafe(24)  # signs the inbox's links; new at each start
     headers = {"Authorization": f"Bearer {token}"}
     with tempfile.TemporaryDirectory(prefix="nodbot-demo-") as folder:
         config = Path(folder) / "nodbot.yml"
-        config.write_text(CONFIG.format(folder=folder, port=port, reviewer=REVIEWER, token=token))
+        config.write_text(
+            CONFIG.format(
+                folder=folder, port=port, reviewer=REVIEWER, token=token, web_secret=web_secret
+            )
+        )
         async with serving(str(config)) as bot, httpx.AsyncClient(base_url=bot.url) as client:
             print(f"nodbot is serving {bot.url} (store {bot.store_url})")
             body = {"agent": "support", "input": "Refund order A-1001", "requested_by": "carol"}
@@ -79,7 +89,8 @@ async def demo(auto: str | None, port: int) -> None:
             [pending] = run["pending"]
             print(f"Run {run['run_id']} asks: {pending['tool']} {pending['arguments']}")
             if auto is None:
-                print(instructions(bot.url, token, pending["approval_id"]))
+                link = bot.sign_in_link(REVIEWER)  # signed with the secret the bot uses
+                print(instructions(bot.url, token, pending["approval_id"], link), flush=True)
             else:
                 print(f"Deciding it: {auto}")
                 decide = f"/approvals/{pending['approval_id']}/decide"

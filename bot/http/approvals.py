@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
-from typing import Any, TypeAlias, TypeVar
+from typing import TYPE_CHECKING, Any, TypeAlias, TypeVar
 
 from pydantic import BaseModel
 from starlette.applications import Starlette
@@ -57,6 +57,9 @@ from core import (
     UnknownToolError,
 )
 
+if TYPE_CHECKING:
+    from bot.web import WebInbox
+
 __all__ = ["SELF_APPROVAL_REASON", "AuthorizeDecision", "create_app", "refuse_self_approval"]
 
 log = logging.getLogger(__name__)
@@ -84,12 +87,13 @@ def create_app(
     tokens: Sequence[ApiToken],
     authorize_decision: AuthorizeDecision | None = None,
     service: BotService | None = None,
+    inbox: WebInbox | None = None,
 ) -> Starlette:
     """The approvals API over `store`; edits are validated with the tools of `registry`.
 
     `authorize_decision` may refuse a decision (403 with its reason); by default
     `refuse_self_approval`. With a `service`, the runs API is served too, and every decision
-    wakes its workers.
+    wakes its workers. With an `inbox`, the web inbox is served under `/inbox`.
     """
     table = TokenTable(tokens)
     on_decided = service.decided if service is not None else None
@@ -108,9 +112,14 @@ def create_app(
         return JSONResponse(document)
 
     routes.append(Route("/openapi.json", openapi, methods=["GET"]))
+    if inbox is not None:
+        routes += inbox.routes()
 
     def counters() -> dict[str, int]:
-        return {**api.counters, **(service.counters if service is not None else {})}
+        found = {**api.counters, **(service.counters if service is not None else {})}
+        if inbox is not None:
+            found["decisions"] += inbox.counters["decisions"]
+        return found
 
     routes.append(Route("/metrics", metrics_endpoint(store, counters), methods=["GET"]))
     return Starlette(

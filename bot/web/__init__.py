@@ -1,0 +1,19 @@
+"""The web inbox: pages where reviewers sign in with a link and decide approvals.
+
+```python
+inbox = WebInbox(store=store, registry=registry, web=config.web, service=service)
+app = create_app(store=store, registry=registry, tokens=..., inbox=inbox)
+print(sign_in_link(config, "ana@example.com"))   # needs web.secret
+```
+
+The public API is what `__all__` lists; the modules behind it are private: `signing`
+(links, sessions, form tokens), `forms` (the edit form from a tool's schema) and `app` (the
+routes and pages, rendered from `templates/web/`).
+"""
+
+from __future__ import annotations
+
+from bot.web.app import WebInbox
+from bot.web.signing import SignInLinkError, sign_in_link
+
+__all__ = ["SignInLinkError", "WebInbox", "sign_in_link"]

@@ -1,0 +1,578 @@
+"""The web inbox's routes: server-rendered pages where reviewers decide approvals.
+
+| route                                  | does                                               |
+|----------------------------------------|----------------------------------------------------|
+| `GET /inbox/login?token=...`           | checks a sign-in link, sets the session cookie     |
+| `GET /inbox`                           | the pending approvals this reviewer may decide,    |
+|                                        | then the recently decided ones                     |
+| `GET /inbox/approvals/{id}`            | one approval, its events and the decision forms    |
+| `POST /inbox/approvals/{id}/decide`    | approve, edit or deny (form-encoded)               |
+| `POST /inbox/logout`                   | ends the session                                   |
+
+A decision goes the way of the API's: the rule's policy allows it (`authorize_by_rules`),
+then `Executor.decide` validates an edit with the tool's model and records it, with
+`decided_by` the signed-in reviewer and channel `web`. Every page escapes what it shows:
+arguments come from a model and are not trusted.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import secrets
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import replace
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, Literal, TypeAlias
+from urllib.parse import parse_qsl, quote
+
+from jinja2 import Environment, FileSystemLoader, StrictUndefined, select_autoescape
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, RedirectResponse, Response
+from starlette.routing import Route
+
+from bot.config import WebConfig
+from bot.http import AuthorizeDecision
+from bot.policy import authorize_by_rules
+from bot.service import BotService
+from bot.web.forms import EditField, edit_fields, is_long, parse_edit, shown
+from bot.web.signing import Session, Signer, TokenError, link_for
+from core import (
+    ApprovalAlreadyDecided,
+    ApprovalAlreadyVoted,
+    ApprovalEvent,
+    ApprovalNotFound,
+    ApprovalRecord,
+    ApprovalStatus,
+    ApprovalStore,
+    Decision,
+    DeferredApproval,
+    Executor,
+    InvalidArgumentsError,
+    InvalidDecisionError,
+    StoreError,
+    ToolDecision,
+    ToolRegistry,
+    UnknownToolError,
+)
+
+__all__ = ["CHANNEL", "COOKIE", "TEMPLATES", "WebInbox"]
+
+log = logging.getLogger(__name__)
+
+TEMPLATES = Path(__file__).resolve().parents[2] / "templates" / "web"
+"""The pages' templates, in the repository's top-level `templates/web/`."""
+
+CHANNEL = "web"
+COOKIE = "nodbot_session"
+RECENT = 20
+DECIDED_WINDOW = 500
+"""How many of the newest approvals and of the newest denials the inbox looks through for
+the recently decided ones the reviewer took part in."""
+"""How many decided approvals the inbox lists."""
+MAX_FORM_BYTES = 1_000_000
+
+Action: TypeAlias = Literal["approve", "edit", "deny"]
+ACTIONS: tuple[Action, ...] = ("approve", "edit", "deny")
+
+HOW_TO_SIGN_IN = (
+    "Ask whoever runs nodbot for a sign-in link (they make one with "
+    "nodbot inbox-link --config nodbot.yml --reviewer <your id or email address>) and open "
+    "it in this browser."
+)
+
+_HEADERS = {
+    # No script runs on these pages and nothing is loaded from elsewhere; no other site may
+    # frame them (a framed Approve button could be clicked unknowingly).
+    "Content-Security-Policy": (
+        "default-src 'none'; style-src 'unsafe-inline'; form-action 'self'; "
+        "frame-ancestors 'none'; base-uri 'none'"
+    ),
+    "X-Frame-Options": "DENY",
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "no-referrer",
+    "Cache-Control": "no-store",
+}
+
+
+class PageError(Exception):
+    """An error page: its HTTP status, a title and one paragraph saying what to do."""
+
+    def __init__(
+        self, status: int, title: str, message: str, *, approval_id: str | None = None
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.title = title
+        self.message = message
+        self.approval_id = approval_id
+
+
+Handler: TypeAlias = Callable[[Request], Awaitable[Response]]
+
+
+class WebInbox:
+    """The inbox of one bot: its routes (`routes()`, mounted by `create_app`), and the secret
+    that signs its links, sessions and forms (`web.secret`, or a random one made here: links
+    and sessions then last as long as this process)."""
+
+    def __init__(
+        self,
+        *,
+        store: ApprovalStore,
+        registry: ToolRegistry,
+        web: WebConfig,
+        service: BotService | None = None,
+        authorize: AuthorizeDecision = authorize_by_rules,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        secret = web.secret.get_secret_value() if web.secret is not None else None
+        self.web = web
+        self.store = store
+        self.registry = registry
+        self.service = service
+        self.authorize = authorize
+        self.signer = Signer(secret or secrets.token_urlsafe(32), clock=clock)
+        self.executor = Executor(registry, approval=DeferredApproval(store))
+        self.secure = (web.public_url or "").startswith("https://")
+        self.counters: dict[str, int] = {"decisions": 0}
+        self._clock = clock
+        self._signed_out: dict[str, int] = {}  # session id -> its expiry, in this process
+        self._schemas: dict[str, dict[str, Any]] = {}  # tool -> its arguments' JSON schema
+        self.templates = Environment(
+            loader=FileSystemLoader(TEMPLATES),
+            autoescape=select_autoescape(("html",), default_for_string=True, default=True),
+            undefined=StrictUndefined,
+            trim_blocks=True,
+            lstrip_blocks=True,
+        )
+        self.templates.filters["when"] = _when
+        self.templates.filters["shown"] = shown
+        self.templates.filters["compact"] = _compact
+
+    def sign_in_link(self, principal: str, base: str) -> str:
+        """A sign-in link for `principal`, signed with this inbox's secret; `base` is the
+        bot's address, used unless `web.public_url` is set. Raises `SignInLinkError`."""
+        return link_for(self.signer, self.web, principal, base)
+
+    def routes(self) -> list[Route]:
+        """The inbox's routes, all under `/inbox`."""
+        return [
+            Route("/inbox", self._page(self.inbox), methods=["GET"]),
+            Route("/inbox/login", self._page(self.login), methods=["GET"]),
+            Route("/inbox/logout", self._page(self.logout), methods=["POST"]),
+            Route("/inbox/approvals/{approval_id}", self._page(self.approval), methods=["GET"]),
+            Route(
+                "/inbox/approvals/{approval_id}/decide",
+                self._page(self.decide),
+                methods=["POST"],
+            ),
+        ]
+
+    # --- pages ------------------------------------------------------------------------------
+
+    async def login(self, request: Request) -> Response:
+        token = request.query_params.get("token", "")
+        try:
+            principal = self.signer.principal_of_link(token)
+        except TokenError as exc:
+            what = (
+                "This sign-in link has expired."
+                if exc.reason == "expired"
+                else "This sign-in link is not valid: it was changed, cut short, or made "
+                "with another secret (or before the bot restarted)."
+            )
+            raise PageError(401, "Sign-in link not accepted", f"{what} {_NEW_LINK}") from None
+        _, cookie = self.signer.new_session(principal, self.web.session_ttl)
+        log.info("%s signed in to the web inbox", principal)
+        response = RedirectResponse("/inbox", status_code=303)
+        response.set_cookie(
+            COOKIE,
+            cookie,
+            max_age=self.web.session_ttl,
+            path="/inbox",
+            secure=self.secure,
+            httponly=True,
+            samesite="lax",
+        )
+        return response
+
+    async def logout(self, request: Request) -> Response:
+        session = self._session(request)
+        form = await _form(request)
+        self._check_csrf(session, form)
+        now = int(self._clock())
+        self._signed_out = {sid: exp for sid, exp in self._signed_out.items() if exp > now}
+        self._signed_out[session.session_id] = session.expires
+        response = self._render(
+            "message.html",
+            200,
+            None,
+            title="Signed out",
+            message="You are signed out. Open a new sign-in link to come back.",
+        )
+        response.delete_cookie(COOKIE, path="/inbox", secure=self.secure, httponly=True)
+        return response
+
+    async def inbox(self, request: Request) -> Response:
+        session = self._session(request)
+        who = session.principal
+        pending = []
+        for record in await self.store.list(status="pending"):
+            actions = self._actions(who, record)
+            if any(reason is None for reason in actions.values()):
+                votes = await self._votes(record)
+                pending.append({"record": record, "votes": votes, "voted": who in votes})
+        statuses: tuple[ApprovalStatus, ...] = ("approved", "denied")
+        # The newest decisions only: the store may hold years of them.
+        decided = [
+            record
+            for status in statuses
+            for record in await self.store.list(
+                status=status, limit=DECIDED_WINDOW, newest_first=True
+            )
+            if self._involved(who, record)
+        ]
+        decided.sort(key=lambda record: record.decided_at or record.created_at, reverse=True)
+        return self._render(
+            "inbox.html", 200, session, pending=pending, decided=decided[:RECENT], recent=RECENT
+        )
+
+    async def approval(self, request: Request) -> Response:
+        session = self._session(request)
+        record = await self._record(request.path_params["approval_id"])
+        return await self._approval_page(session, record)
+
+    async def decide(self, request: Request) -> Response:
+        session = self._session(request)
+        form = await _form(request)
+        self._check_csrf(session, form)
+        who = session.principal
+        record = await self._record(request.path_params["approval_id"])
+        action = form.get("action", "")
+        if action not in ACTIONS:
+            raise PageError(
+                422,
+                "Unknown decision",
+                f"The form asked for {action!r}; a decision is approve, edit or deny.",
+                approval_id=record.approval_id,
+            )
+        refused = self._actions(who, record)[action]
+        if refused is not None:
+            raise _refused(record, refused)
+        reason = form.get("reason", "").strip() or None
+        decision = Decision(approved=action != "deny", reason=reason, decided_by=who)
+        if action == "edit":
+            if record.decision is not None:  # nothing to show beside the fields any more
+                raise _already_decided(record.approval_id, record.decision.decided_by)
+            parsed = parse_edit(self._fields(record), form, record.request.arguments)
+            if parsed.errors:
+                return await self._approval_page(
+                    session,
+                    record,
+                    status=422,
+                    fields=parsed.fields,
+                    reason=reason,
+                    problem="Some values could not be read (see below); nothing was recorded.",
+                )
+            if not parsed.edited:
+                return await self._approval_page(
+                    session,
+                    record,
+                    status=422,
+                    fields=parsed.fields,
+                    reason=reason,
+                    problem="Nothing was changed: use Approve to run the call as it is.",
+                )
+            answer = ToolDecision(action="edit", arguments=parsed.edited, message=reason)
+            decision = answer.to_decision(who)
+            refused = self.authorize(who, record, decision)
+            if refused is not None:
+                raise _refused(record, refused)
+        try:
+            decided = await self.executor.decide(
+                record.approval_id, decision, decided_by=who, channel=CHANNEL
+            )
+        except ApprovalAlreadyDecided as exc:
+            raise _already_decided(record.approval_id, exc.decided_by) from None
+        except ApprovalAlreadyVoted:
+            raise PageError(
+                409,
+                "Already voted",
+                "You have voted on this approval already; it waits for the other reviewers.",
+                approval_id=record.approval_id,
+            ) from None
+        except InvalidArgumentsError as exc:
+            errors = {error["field"].split(".", 1)[0]: error["message"] for error in exc.errors}
+            fields = parse_edit(self._fields(record), form, record.request.arguments).fields
+            marked = [
+                replace(spec, error=errors.pop(spec.name)) if spec.name in errors else spec
+                for spec in fields
+            ]
+            rest = "; ".join(f"{name}: {message}" for name, message in errors.items())
+            return await self._approval_page(
+                session,
+                record,
+                status=422,
+                fields=marked,
+                reason=reason,
+                problem="The tool does not accept these values; nothing was recorded."
+                + (f" {rest}" if rest else ""),
+            )
+        except (InvalidDecisionError, UnknownToolError) as exc:
+            raise PageError(
+                422, "Decision not accepted", str(exc), approval_id=record.approval_id
+            ) from None
+        log.info("approval %s %s by %s via web", decided.approval_id, decided.status, who)
+        self.counters["decisions"] += 1
+        if self.service is not None:
+            self.service.decided()  # the run may be ready to go on
+        return RedirectResponse(f"/inbox/approvals/{quote(record.approval_id)}", status_code=303)
+
+    # --- helpers ----------------------------------------------------------------------------
+
+    async def _approval_page(
+        self,
+        session: Session,
+        record: ApprovalRecord,
+        *,
+        status: int = 200,
+        fields: list[EditField] | None = None,
+        reason: str | None = None,
+        problem: str | None = None,
+    ) -> Response:
+        who = session.principal
+        events = await self.store.events(record.approval_id)
+        votes = [e.actor for e in events if e.kind == "voted" and e.actor]
+        actions = self._actions(who, record) if record.status == "pending" else {}
+        if who in votes:
+            actions = {}
+        description: str | None = None
+        if record.request.tool in self.registry:
+            description = self.registry.get(record.request.tool).description
+        arguments = [
+            {"name": name, "value": value, "long": is_long(value)}
+            for name, value in record.request.arguments.items()
+        ]
+        return self._render(
+            "approval.html",
+            status,
+            session,
+            record=record,
+            policy=record.request.policy,
+            tool_description=description,
+            arguments=arguments,
+            events=[_event(e) for e in events],
+            votes=votes,
+            actions=actions,
+            may_decide=any(reason is None for reason in actions.values()),
+            fields=fields if fields is not None else self._fields(record),
+            reason=reason or "",
+            problem=problem,
+            edited=_edited(record),
+        )
+
+    def _fields(self, record: ApprovalRecord) -> list[EditField]:
+        """The edit form's inputs; none for a tool this bot does not have."""
+        tool = record.request.tool
+        if tool not in self.registry:
+            return []
+        if tool not in self._schemas:  # built once per tool: a schema is not cheap to make
+            self._schemas[tool] = self.registry.get(tool).model.model_json_schema()
+        editable = record.request.policy.get("editable")
+        return edit_fields(self._schemas[tool], record.request.arguments, editable)
+
+    def _actions(self, who: str, record: ApprovalRecord) -> dict[Action, str | None]:
+        """Each action, and why the policy refuses it to `who` (None: allowed)."""
+        found: dict[Action, str | None] = {
+            "approve": self.authorize(who, record, Decision(approved=True)),
+            "deny": self.authorize(who, record, Decision(approved=False)),
+        }
+        fields = self._fields(record)
+        if record.request.approvals_required > 1:
+            found["edit"] = "a review that needs several approvals cannot be edited"
+        elif not fields:
+            found["edit"] = "none of this call's arguments may be edited here"
+        else:
+            probe = {fields[0].name: record.request.arguments.get(fields[0].name)}
+            found["edit"] = self.authorize(who, record, Decision(approved=True, edited_args=probe))
+        return found
+
+    def _involved(self, who: str, record: ApprovalRecord) -> bool:
+        """Whether `who` decided `record` or was among those who might have."""
+        decided_by = record.decision.decided_by if record.decision else None
+        if decided_by and who.lower() in (name.lower() for name in decided_by.split(", ")):
+            return True
+        return any(reason is None for reason in self._actions(who, record).values())
+
+    async def _votes(self, record: ApprovalRecord) -> list[str]:
+        if record.request.approvals_required <= 1:
+            return []
+        events = await self.store.events(record.approval_id)
+        return [e.actor for e in events if e.kind == "voted" and e.actor]
+
+    async def _record(self, approval_id: str) -> ApprovalRecord:
+        try:
+            return await self.store.get(approval_id)
+        except ApprovalNotFound:
+            raise PageError(
+                404, "No such approval", f"No approval has the id {approval_id!r}."
+            ) from None
+
+    def _session(self, request: Request) -> Session:
+        cookie = request.cookies.get(COOKIE)
+        if not cookie:
+            raise PageError(401, "Please sign in", f"This page is for reviewers. {HOW_TO_SIGN_IN}")
+        try:
+            session = self.signer.session(cookie)
+        except TokenError as exc:
+            what = "Your session has ended." if exc.reason == "expired" else "You are signed out."
+            raise PageError(401, "Please sign in", f"{what} {HOW_TO_SIGN_IN}") from None
+        if session.session_id in self._signed_out:
+            raise PageError(401, "Please sign in", f"You signed out. {HOW_TO_SIGN_IN}")
+        return session
+
+    def _check_csrf(self, session: Session, form: Mapping[str, str]) -> None:
+        if not self.signer.check_csrf(session, form.get("csrf")):
+            raise PageError(
+                403,
+                "Form not accepted",
+                "This form did not come from your inbox page, or from an earlier session; "
+                "nothing was recorded. Open the approval again and decide from there.",
+            )
+
+    def _render(
+        self, template: str, status: int, session: Session | None, **context: Any
+    ) -> HTMLResponse:
+        page = self.templates.get_template(template).render(
+            principal=session.principal if session else None,
+            csrf=self.signer.csrf(session) if session else "",
+            **context,
+        )
+        return HTMLResponse(page, status_code=status)
+
+    def _page(self, handler: Handler) -> Handler:
+        """`handler` answering every failure with an error page, and every page with the
+        headers that keep it out of other sites' frames and caches."""
+
+        async def page(request: Request) -> Response:
+            try:
+                response = await handler(request)
+            except PageError as exc:
+                response = self._error(request, exc)
+            except StoreError as exc:
+                log.warning("the store cannot be used: %s", exc)
+                response = self._error(
+                    request,
+                    PageError(
+                        503,
+                        "Try again shortly",
+                        "The approval store cannot be used now; nothing was recorded.",
+                    ),
+                )
+            except Exception as exc:
+                # Logged in full here; the reviewer learns only that it was not their fault.
+                log.error(
+                    "unexpected error on %s %s", request.method, request.url.path, exc_info=exc
+                )
+                response = self._error(
+                    request,
+                    PageError(
+                        500,
+                        "Something went wrong",
+                        "The bot failed to answer; it is logged. Nothing was recorded.",
+                    ),
+                )
+            response.headers.update(_HEADERS)
+            return response
+
+        return page
+
+    def _error(self, request: Request, exc: PageError) -> Response:
+        session: Session | None = None
+        if exc.status != 401:
+            try:
+                session = self._session(request)
+            except PageError:
+                session = None
+        response = self._render(
+            "message.html",
+            exc.status,
+            session,
+            title=exc.title,
+            message=exc.message,
+            approval_id=exc.approval_id,
+        )
+        if exc.status == 401 and request.cookies.get(COOKIE):
+            response.delete_cookie(COOKIE, path="/inbox", secure=self.secure, httponly=True)
+        return response
+
+
+_NEW_LINK = "Ask whoever gave it to you for a new link."
+
+
+def _already_decided(approval_id: str, decided_by: str | None) -> PageError:
+    first = f" by {decided_by}" if decided_by else ""
+    return PageError(
+        409,
+        "Already decided",
+        f"This approval was already decided{first}: the first decision counts, and yours was "
+        "not recorded.",
+        approval_id=approval_id,
+    )
+
+
+def _refused(record: ApprovalRecord, reason: str) -> PageError:
+    return PageError(
+        403,
+        "Not allowed",
+        f"The rule of this call refuses your decision: {reason}. Nothing was recorded.",
+        approval_id=record.approval_id,
+    )
+
+
+async def _form(request: Request) -> dict[str, str]:
+    """The form-encoded body: each name's first value. Raises `PageError`."""
+    kind = request.headers.get("content-type", "").split(";", 1)[0].strip().lower()
+    if kind != "application/x-www-form-urlencoded":
+        raise PageError(415, "Not a form", "Expected a form (application/x-www-form-urlencoded).")
+    body = b""
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > MAX_FORM_BYTES:
+            raise PageError(
+                413, "Form too large", "The form is larger than 1 MB; nothing was recorded."
+            )
+    try:
+        text = body.decode("utf-8")
+        pairs = parse_qsl(text, keep_blank_values=True, max_num_fields=1000, errors="strict")
+    except (UnicodeDecodeError, ValueError):
+        raise PageError(400, "Unreadable form", "The form is not valid UTF-8 form data.") from None
+    form: dict[str, str] = {}
+    for name, value in pairs:
+        form.setdefault(name, value)
+    return form
+
+
+def _when(moment: datetime | None) -> str:
+    return "" if moment is None else moment.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def _compact(value: Any) -> str:
+    return json.dumps(value, ensure_ascii=False)
+
+
+def _edited(record: ApprovalRecord) -> dict[str, Any] | None:
+    return record.decision.edited_args if record.decision is not None else None
+
+
+def _event(event: ApprovalEvent) -> dict[str, Any]:
+    return {
+        "at": event.at,
+        "kind": event.kind,
+        "actor": event.actor or "",
+        "channel": event.channel or "",
+        "detail": ", ".join(f"{key}: {shown(value)}" for key, value in event.detail.items()),
+    }
