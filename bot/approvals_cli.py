@@ -89,6 +89,9 @@ async def _decide(config: Config, store: SqlApprovalStore, arguments: argparse.N
     record = await store.get(arguments.approval_id)
     refusal = authorize_by_rules(arguments.principal, record, decision)
     if refusal is not None:
+        await store.refuse(
+            record.approval_id, actor=arguments.principal, channel="cli", reason=refusal
+        )
         raise RefusedError(refusal)
     # The agents' tools validate an edit, as over the API.
     agents, _ = load_agents(config)

@@ -270,6 +270,13 @@ class ApprovalStore(Protocol):
         """
         ...
 
+    async def refuse(
+        self, approval_id: str, *, actor: str | None, channel: str | None, reason: str
+    ) -> None:
+        """Record an attempt that a channel refused before it reached the store (a click by
+        someone who is not a reviewer, say) as a `refused` event. Raises `ApprovalNotFound`."""
+        ...
+
     async def consume(self, approval_id: str, *, actor: str | None = None) -> ApprovalRecord:
         """Spend the decision, once. A denial is finished at once.
 
@@ -409,6 +416,13 @@ class MemoryApprovalStore:
                 detail={"status": record.status},
             )
             return record
+
+    async def refuse(
+        self, approval_id: str, *, actor: str | None, channel: str | None, reason: str
+    ) -> None:
+        with self._lock:
+            self._get(approval_id)
+            self._refuse(approval_id, reason, actor, channel)
 
     async def consume(self, approval_id: str, *, actor: str | None = None) -> ApprovalRecord:
         with self._lock:

@@ -183,6 +183,9 @@ class _ApprovalsApi:
         decision = body.to_decision(principal)
         refused = self.authorize(principal, record, decision)
         if refused is not None:
+            await self.store.refuse(
+                record.approval_id, actor=principal, channel=CHANNEL, reason=refused
+            )
             raise ApiError(403, refused, details={"approval_id": record.approval_id})
         try:
             decided = await self.executor.decide(

@@ -261,6 +261,7 @@ class WebInbox:
             )
         refused = self._actions(who, record)[action]
         if refused is not None:
+            await self.store.refuse(record.approval_id, actor=who, channel=CHANNEL, reason=refused)
             raise _refused(record, refused)
         reason = form.get("reason", "").strip() or None
         decision = Decision(approved=action != "deny", reason=reason, decided_by=who)
@@ -290,6 +291,9 @@ class WebInbox:
             decision = answer.to_decision(who)
             refused = self.authorize(who, record, decision)
             if refused is not None:
+                await self.store.refuse(
+                    record.approval_id, actor=who, channel=CHANNEL, reason=refused
+                )
                 raise _refused(record, refused)
         try:
             decided = await self.executor.decide(

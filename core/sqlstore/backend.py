@@ -225,6 +225,12 @@ class Backend(Protocol):
         """Insert `row` unless the call has an active record; return the active record."""
         ...
 
+    async def refuse(
+        self, approval_id: str, at: datetime, actor: str | None, channel: str | None, reason: str
+    ) -> bool:
+        """Append a `refused` event; False when there is no such approval."""
+        ...
+
     async def claim(
         self,
         request: ApprovalRequest,

@@ -343,6 +343,16 @@ class PostgresBackend:
             return Claimed("taken", change.changed)
         return Claimed("in_use", change.existing or active)
 
+    async def refuse(
+        self, approval_id: str, at: datetime, actor: str | None, channel: str | None, reason: str
+    ) -> bool:
+        inserted = await self._pool.fetchval(
+            f"{_EVENTS} SELECT approval_id, 'refused', $2::timestamptz, $3::text, $4::text,"
+            " $5::text FROM approvals WHERE approval_id = $1 RETURNING 1",
+            approval_id, at, actor, channel, detail("reason", reason),
+        )  # fmt: skip
+        return inserted is not None
+
     async def get(self, approval_id: str) -> Row | None:
         return await self._one(_SELECT_ONE, approval_id)
 

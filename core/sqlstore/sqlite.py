@@ -324,6 +324,21 @@ class SqliteBackend:
 
         return await self._transaction(work)
 
+    async def refuse(
+        self, approval_id: str, at: datetime, actor: str | None, channel: str | None, reason: str
+    ) -> bool:
+        event = (approval_id, "refused", _text(at), actor, channel, detail("reason", reason))
+
+        def work(db: sqlite3.Connection) -> bool:
+            if db.execute(
+                "SELECT 1 FROM approvals WHERE approval_id = ?", (approval_id,)
+            ).fetchone():
+                db.execute(_EVENT, event)
+                return True
+            return False
+
+        return await self._transaction(work)
+
     async def get(self, approval_id: str) -> Row | None:
         return await self._fetch_one(_SELECT_ONE, (approval_id,))
 

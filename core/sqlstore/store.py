@@ -213,6 +213,15 @@ class SqlApprovalStore:
             raise ApprovalAlreadyVoted(approval_id=approval_id, voter=voter)
         return record
 
+    async def refuse(
+        self, approval_id: str, *, actor: str | None, channel: str | None, reason: str
+    ) -> None:
+        backend = await self._ready()
+        with self._errors():
+            found = await backend.refuse(approval_id, self._clock(), actor, channel, reason)
+        if not found:
+            raise ApprovalNotFound(approval_id=approval_id)
+
     async def consume(self, approval_id: str, *, actor: str | None = None) -> ApprovalRecord:
         backend = await self._ready()
         with self._errors():

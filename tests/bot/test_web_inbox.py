@@ -518,7 +518,8 @@ async def test_an_edit_of_an_argument_the_rule_keeps_is_403(web: Inbox) -> None:
     answer = await decide(client, approval_id, "edit", **{"arg.order_id": "o-8"})
     assert answer.status_code == 403
     assert "order_id may not be edited here (editable: amount)" in text_of(answer)
-    assert await web.events(approval_id) == [("created", CAROL, None)]
+    # Nothing decided; the refused attempt is in the audit log.
+    assert await web.events(approval_id) == [("created", CAROL, None), ("refused", LEAD, "web")]
 
 
 async def test_a_deny_records_its_reason(web: Inbox) -> None:
@@ -568,7 +569,11 @@ async def test_a_reviewer_the_rule_does_not_name_is_refused(web: Inbox) -> None:
         answer = await client.post(f"/inbox/approvals/{approval_id}/decide", data=form)
         assert answer.status_code == 403
         assert "you are not one of the reviewers of this call" in answer.text
-    assert await web.events(approval_id) == [("created", CAROL, None)]
+    assert await web.events(approval_id) == [
+        ("created", CAROL, None),
+        ("refused", OTHER, "web"),
+        ("refused", OTHER, "web"),
+    ]
 
 
 async def test_the_requester_may_not_approve_their_own_call_unless_the_rule_allows(
@@ -585,7 +590,11 @@ async def test_the_requester_may_not_approve_their_own_call_unless_the_rule_allo
         answer = await client.post(f"/inbox/approvals/{refund}/decide", data=form)
         assert answer.status_code == 403
         assert SELF_APPROVAL_REASON in answer.text
-    assert await web.events(refund) == [("created", LEAD, None)]
+    assert await web.events(refund) == [
+        ("created", LEAD, None),
+        ("refused", LEAD, "web"),
+        ("refused", LEAD, "web"),
+    ]
     # configure's rule has allow_self_approval: true
     assert (await decide(client, own, "approve")).status_code == 303
     assert (await web.store.get(own)).status == "approved"

@@ -96,6 +96,17 @@ async def test_list_newest_first_with_a_limit(store: ApprovalStore) -> None:
     assert [r.approval_id for r in by_run] == ids[::-1]
 
 
+async def test_a_refusal_by_a_channel_is_recorded(store: ApprovalStore) -> None:
+    record = await store.create(request())
+    await store.refuse(record.approval_id, actor="U0999", channel="slack", reason="not a reviewer")
+    [_, refused] = await store.events(record.approval_id)
+    assert (refused.kind, refused.actor, refused.channel) == ("refused", "U0999", "slack")
+    assert refused.detail == {"reason": "not a reviewer"}
+    assert (await store.get(record.approval_id)).decision is None
+    with pytest.raises(ApprovalNotFound):
+        await store.refuse("apr_missing", actor=None, channel=None, reason="x")
+
+
 async def test_decide_records_the_decision(store: ApprovalStore) -> None:
     record = await store.create(request())
     decided = await store.decide(record.approval_id, APPROVE, channel="api")
