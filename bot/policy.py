@@ -92,6 +92,7 @@ class RulesPort(DeferredApproval):
             "rule": index,
             "description": rule.description,
             "reviewers": [reviewer.text for reviewer in reviewers],
+            "post_to": None if rule.post_to is None else list(rule.post_to),
             "allowed_decisions": list(rule.allowed_decisions),
             "editable": None if rule.editable is None else list(rule.editable),
             "approvals_required": rule.approvals_required,

@@ -180,6 +180,42 @@ class WebConfig(ConfigModel):
         return None if value is None else value.rstrip("/")
 
 
+class SlackConfig(ConfigModel):
+    """The Slack channel: the app's tokens, and how Slack reaches the bot (README, "Slack")."""
+
+    mode: Literal["http", "socket"] = "http"
+    """`http`: Slack sends clicks to https://<host>/slack/events (signed with
+    `signing_secret`); `socket`: the bot opens a Socket Mode connection (`app_token`), for
+    hosts Slack cannot reach."""
+    bot_token: Secret
+    """The bot token (xoxb-...), written as `${SLACK_BOT_TOKEN}`."""
+    signing_secret: Secret | None = None
+    """Checks that requests come from Slack (http mode), `${SLACK_SIGNING_SECRET}`."""
+    app_token: Secret | None = None
+    """The app-level token (xapp-..., scope connections:write) of Socket Mode,
+    `${SLACK_APP_TOKEN}`."""
+    api_url: str | None = None
+    """The Web API's base URL; by default Slack's own (https://slack.com/api/). Set it to a
+    local stand-in of Slack to try the bot without a workspace."""
+    cache_ttl: Duration = 300
+    """How long user group members and email lookups are kept (default 5m)."""
+
+    @field_validator("api_url")
+    @classmethod
+    def _api_url(cls, value: str | None) -> str | None:
+        if value is not None and not re.fullmatch(r"https?://[^\s/]+(/[^\s]*)?", value):
+            raise problem(f"expected an http:// or https:// address, not {value!r}")
+        return None if value is None else value.rstrip("/") + "/"
+
+    @model_validator(mode="after")
+    def _mode_needs(self) -> SlackConfig:
+        if self.mode == "http" and self.signing_secret is None:
+            raise problems((("signing_secret",), "http mode needs the app's signing secret"))
+        if self.mode == "socket" and self.app_token is None:
+            raise problems((("app_token",), "socket mode needs an app-level token (xapp-...)"))
+        return self
+
+
 WebhookEvent: TypeAlias = Literal["approval.pending", "approval.escalated", "approval.decided"]
 """What a webhook is told of: a review opened, still open at its rule's `escalate_after`,
 decided."""
@@ -264,8 +300,9 @@ class Rule(ConfigModel):
     """Who may decide: Slack users (U..., W...), user groups (S...), channels (#name, C...),
     email addresses, or group:<name> for a reviewer group of this file."""
     post_to: list[PostTarget] | None = None
-    """Where the review request is posted: Slack channels (#name, C...) and/or dm. Read by
-    the Slack channel, in a later version."""
+    """Where the review request is posted in Slack: channels (#name, C...) and/or `dm` (a
+    direct message to each reviewer). Absent: the reviewers that are channels get it there,
+    and the people (user ids, user groups, addresses) by direct message."""
     allowed_decisions: list[ReviewDecision] = Field(default_factory=_all_decisions)
     """What reviewers may answer: a non-empty subset of approve, edit, deny."""
     editable: list[str] | None = None
@@ -388,8 +425,8 @@ class Config(ConfigModel):
     """Group name -> reviewers (not other groups); rules name a group as group:<name>."""
     rules: list[Rule] = Field(default_factory=list)
     """Tried in order for each call; the first that matches decides what happens."""
-    slack: dict[str, Any] | None = None
-    """Read by the Slack channel, in a later version."""
+    slack: SlackConfig | None = None
+    """The Slack channel; without it, nothing is posted to Slack."""
     email: dict[str, Any] | None = None
     """Read by the email channel, in a later version."""
     api: ApiConfig = Field(default_factory=ApiConfig)

@@ -153,10 +153,45 @@ def test_rule_defaults(tmp_path: Path) -> None:
     assert rule.escalate_after is None and rule.escalate_to is None
 
 
-def test_slack_and_email_are_kept_as_given(tmp_path: Path) -> None:
-    config = load(tmp_path, "slack: {channel: '#x', retries: 3}\nemail: {from: a@b.c}\n")
-    assert config.slack == {"channel": "#x", "retries": 3}
+def test_email_is_kept_as_given(tmp_path: Path) -> None:
+    config = load(tmp_path, "email: {from: a@b.c}\n")
     assert config.email == {"from": "a@b.c"}
+
+
+def test_the_slack_section(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SLACK_BOT_TOKEN", "xoxb-0000000000-token")
+    monkeypatch.setenv("SLACK_SIGNING_SECRET", "signing-secret-000000")
+    config = load(
+        tmp_path,
+        "slack: {bot_token: '${SLACK_BOT_TOKEN}', signing_secret: '${SLACK_SIGNING_SECRET}',"
+        " api_url: 'http://127.0.0.1:9/api'}\n",
+    )
+    assert config.slack is not None
+    assert (config.slack.mode, config.slack.api_url) == ("http", "http://127.0.0.1:9/api/")
+    assert config.slack.bot_token.get_secret_value() == "xoxb-0000000000-token"
+    assert "xoxb" not in repr(config.slack)
+
+
+@pytest.mark.parametrize(
+    ("section", "key", "expected"),
+    [
+        ("{bot_token: xoxb-0000000000-token}", "slack.signing_secret", "http mode needs"),
+        (
+            "{mode: socket, bot_token: xoxb-0000000000-token}",
+            "slack.app_token",
+            "socket mode needs an app-level token",
+        ),
+        ("{mode: webhook, bot_token: xoxb-0000000000-token}", "slack.mode", "http"),
+        ("{bot_token: short, signing_secret: s-0000000000000000}", "slack.bot_token", "16"),
+    ],
+)
+def test_slack_section_errors_name_the_key(
+    tmp_path: Path, section: str, key: str, expected: str
+) -> None:
+    with pytest.raises(ConfigError) as caught:
+        load(tmp_path, f"slack: {section}\n")
+    message = str(caught.value)
+    assert key in message and expected in message, message
 
 
 # --- predicates -----------------------------------------------------------------------------
@@ -281,13 +316,13 @@ def test_variables_are_substituted(tmp_path: Path, monkeypatch: pytest.MonkeyPat
         server:
           host: ${NODBOT_TEST_HOST}
           port: ${NODBOT_TEST_PORT}
-        slack:
-          bot_token: "Bearer ${NODBOT_TEST_TOKEN}"
+        email:
+          password: "Bearer ${NODBOT_TEST_TOKEN}"
           literal: "$${NODBOT_TEST_TOKEN}"
         """,
     )
     assert (config.server.host, config.server.port) == ("0.0.0.0", 9001)
-    assert config.slack == {"bot_token": "Bearer xoxb-secret", "literal": "${NODBOT_TEST_TOKEN}"}
+    assert config.email == {"password": "Bearer xoxb-secret", "literal": "${NODBOT_TEST_TOKEN}"}
 
 
 def test_a_default_is_used_when_the_variable_is_unset_or_empty(
@@ -413,10 +448,10 @@ def test_unsafe_tags_and_recursive_aliases_are_refused(
 
 
 def test_keys_of_different_types_are_not_duplicates(tmp_path: Path) -> None:
-    problem = only_problem(tmp_path, "slack:\n  1: int\n  '1': str\n  yes: as written\n")
-    assert problem.endswith(":2: slack.1: Input should be a valid string, not 1")
-    config = load(tmp_path, "slack:\n  '1': str\n  yes: as written\n")
-    assert config.slack == {"1": "str", "yes": "as written"}
+    problem = only_problem(tmp_path, "email:\n  1: int\n  '1': str\n  yes: as written\n")
+    assert problem.endswith(":2: email.1: Input should be a valid string, not 1")
+    config = load(tmp_path, "email:\n  '1': str\n  yes: as written\n")
+    assert config.email == {"1": "str", "yes": "as written"}
 
 
 def test_merge_keys_work_and_keep_lines(tmp_path: Path) -> None:
@@ -433,7 +468,7 @@ def test_merge_keys_work_and_keep_lines(tmp_path: Path) -> None:
     """
     problem = only_problem(tmp_path, text)
     assert problem.startswith(f"{tmp_path / 'nodbot.yml'}:1: x-review: unknown key 'x-review'")
-    config = load(tmp_path, text.replace("x-review", "slack"))
+    config = load(tmp_path, text.replace("x-review", "email"))
     assert [rule.timeout for rule in config.rules] == [3600, 7200]
 
 

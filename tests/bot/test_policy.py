@@ -191,6 +191,7 @@ async def test_a_review_keeps_its_rules_policy(shop: Shop) -> None:
         "rule": 1,
         "description": None,
         "reviewers": ["U0123ABCDE"],
+        "post_to": None,
         "allowed_decisions": ["approve", "edit", "deny"],
         "editable": None,
         "approvals_required": 1,
