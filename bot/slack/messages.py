@@ -1,0 +1,278 @@
+"""The Slack messages and modals of a review, rendered from `templates/slack/`.
+
+Everything a model or a person wrote (arguments, the rule's description, who asked, the
+reason) is escaped here before it reaches a template (`bot/slack/text.py`), and cut to Block
+Kit's limits: 50 blocks a message, 3,000 characters a section, 2,000 a field, 150 a header,
+24 a modal title. Arguments that do not fit whole are shown cut, and the channel posts them
+in full in the message's thread (`full_arguments`).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import jinja2
+
+from bot.slack.text import clip, code, escape, plain, shown_value
+from bot.web.forms import EditField
+from core import ApprovalRecord
+
+__all__ = [
+    "ACTION_APPROVE",
+    "ACTION_DENY",
+    "ACTION_EDIT",
+    "DENY_CALLBACK",
+    "EDIT_CALLBACK",
+    "Rendered",
+    "decided_message",
+    "deny_modal",
+    "edit_modal",
+    "full_arguments",
+    "request_message",
+    "who",
+]
+
+ACTION_APPROVE = "nodbot.approve"
+ACTION_EDIT = "nodbot.edit"
+ACTION_DENY = "nodbot.deny"
+EDIT_CALLBACK = "nodbot.edit"
+DENY_CALLBACK = "nodbot.deny"
+
+TEMPLATES = Path(__file__).resolve().parents[2] / "templates" / "slack"
+MAX_BLOCKS = 50
+SECTION = 3000
+FIELD = 2000
+HEADER = 150
+TEXT = 40_000
+THREAD_TEXT = 38_000
+"""The full arguments in a thread reply: within `text`'s 40,000 with room to spare."""
+_ARGUMENT_BLOCKS = MAX_BLOCKS - 6  # header, description, facts, note, actions, and one spare
+_SLACK_ID = re.compile(r"[UW][A-Z0-9]{8,}")
+
+_templates = jinja2.Environment(
+    loader=jinja2.FileSystemLoader(TEMPLATES),
+    autoescape=False,  # JSON, not HTML: values are escaped for Slack, then made JSON by tojson
+    undefined=jinja2.StrictUndefined,
+    keep_trailing_newline=False,
+)
+
+
+@dataclass(frozen=True)
+class Rendered:
+    """A message: its fallback `text` (notifications, screen readers) and its blocks."""
+
+    text: str
+    blocks: list[dict[str, Any]]
+    cut: bool = False
+    """Whether arguments were cut or left out: the full ones belong in the thread."""
+
+
+def _render(name: str, **context: Any) -> Any:
+    return json.loads(_templates.get_template(name).render(**context))
+
+
+def who(principal: str | None) -> str:
+    """A person as Slack shows them: a mention for a Slack user id (made here, from an id
+    that can only be an id), the escaped text otherwise."""
+    if principal is None:
+        return "someone"
+    if _SLACK_ID.fullmatch(principal):
+        return f"<@{principal}>"
+    return escape(principal)
+
+
+def _when(moment: datetime) -> str:
+    """A time each reader sees in their own zone, with a fallback in UTC."""
+    fallback = moment.strftime("%Y-%m-%d %H:%M UTC")
+    return f"<!date^{int(moment.timestamp())}^{{date_short_pretty}} {{time}}|{fallback}>"
+
+
+def _arguments(record: ApprovalRecord) -> tuple[list[str], bool]:
+    """One section text per argument, and whether any was cut or left out."""
+    shown: list[str] = []
+    cut = False
+    items = list(record.request.arguments.items())
+    for name, value in items[:_ARGUMENT_BLOCKS]:
+        label = f"*{escape(clip(name, 200))}*\n"
+        text = shown_value(value)
+        block = label + code(text, SECTION - len(label))
+        cut = cut or len(block) >= SECTION - 1 or "characters in all" in block
+        shown.append(block)
+    if len(items) > _ARGUMENT_BLOCKS:
+        cut = True
+    return shown, cut
+
+
+def _facts(record: ApprovalRecord) -> list[str]:
+    request = record.request
+    facts = [
+        f"*Asked by*\n{who(request.requested_by)}",
+        f"*Run*\n`{escape(clip(request.run_id, 200))}`",
+    ]
+    if request.deadline is not None:
+        facts.append(f"*Decide by*\n{_when(request.deadline)} (then: {request.on_timeout})")
+    if request.approvals_required > 1:
+        facts.append(f"*Approvals needed*\n{request.approvals_required}")
+    return [clip(fact, FIELD) for fact in facts]
+
+
+def request_message(
+    record: ApprovalRecord, *, destructive: bool, can_edit: bool, allowed: Sequence[str]
+) -> Rendered:
+    """The review request: the tool, the rule's description, the arguments, who asked, the
+    run, the deadline, and the buttons the rule allows (Approve asks to confirm when the tool
+    is destructive)."""
+    request = record.request
+    tool = escape(request.tool)
+    description = request.policy.get("description")
+    arguments, cut = _arguments(record)
+    buttons: list[dict[str, Any]] = []
+    if "approve" in allowed:
+        confirm = f"*{tool}* changes things that may not be undone." if destructive else None
+        buttons.append(
+            {
+                "action_id": ACTION_APPROVE,
+                "label": "Approve",
+                "style": "primary",
+                "confirm": confirm,
+            }
+        )
+    if "edit" in allowed and can_edit:
+        buttons.append({"action_id": ACTION_EDIT, "label": "Edit", "style": None, "confirm": None})
+    if "deny" in allowed:
+        buttons.append(
+            {"action_id": ACTION_DENY, "label": "Deny", "style": "danger", "confirm": None}
+        )
+    note = "Some arguments are long: they are in full in this message's thread." if cut else None
+    blocks = _render(
+        "request.json.j2",
+        header=plain(f"Review: {request.tool}", HEADER),
+        description=clip(escape(description), SECTION) if isinstance(description, str) else None,
+        facts=_facts(record),
+        arguments=arguments,
+        note=note,
+        buttons=buttons,
+        approval_id=record.approval_id,
+    )
+    text = clip(f"Review needed: {tool} (run {escape(request.run_id)})", TEXT)
+    return Rendered(text, blocks, cut)
+
+
+def decided_message(record: ApprovalRecord) -> Rendered:
+    """The request after its decision: the outcome, who decided and when, the edited
+    arguments, and no buttons."""
+    decision = record.decision
+    request = record.request
+    tool = escape(request.tool)
+    arguments, _ = _arguments(record)
+    if decision is None:
+        raise ValueError(f"approval {record.approval_id} is not decided")
+    verb = (
+        "Denied"
+        if not decision.approved
+        else "Edited and approved"
+        if decision.edited_args
+        else "Approved"
+    )
+    when = _when(record.decided_at) if record.decided_at is not None else "just now"
+    outcome = f"*{verb}* by {who(decision.decided_by)}, {when}"
+    if decision.reason:
+        outcome += "\n" + code(decision.reason, SECTION - len(outcome) - 1)
+    edited = None
+    if decision.edited_args:
+        label = "*Edited arguments*\n"
+        edited = label + code(
+            json.dumps(decision.edited_args, ensure_ascii=False, sort_keys=True),
+            SECTION - len(label),
+        )
+    blocks = _render(
+        "decided.json.j2",
+        header=plain(f"{verb}: {request.tool}", HEADER),
+        outcome=clip(outcome, SECTION),
+        edited=edited,
+        facts=_facts(record),
+        arguments=arguments,
+        footer=f"Approval `{escape(record.approval_id)}`",
+    )
+    text = clip(f"{verb}: {tool} (run {escape(request.run_id)})", TEXT)
+    return Rendered(text, blocks)
+
+
+def full_arguments(record: ApprovalRecord) -> str:
+    """The whole arguments as JSON, for the thread reply under a request that cut them."""
+    text = json.dumps(record.request.arguments, ensure_ascii=False, indent=2, sort_keys=True)
+    return "Full arguments:\n" + code(text, THREAD_TEXT)
+
+
+def _summary(record: ApprovalRecord) -> str:
+    request = record.request
+    return clip(
+        f"*{escape(request.tool)}*, asked by {who(request.requested_by)}"
+        f" in run `{escape(request.run_id)}`",
+        SECTION,
+    )
+
+
+def deny_modal(record: ApprovalRecord) -> dict[str, Any]:
+    """The Deny modal: an optional reason."""
+    view: dict[str, Any] = _render(
+        "deny_modal.json.j2", approval_id=record.approval_id, summary=_summary(record)
+    )
+    return view
+
+
+def edit_modal(record: ApprovalRecord, fields: Sequence[EditField]) -> dict[str, Any]:
+    """The Edit modal: one input per editable argument (`bot.web.forms.edit_fields`),
+    typed: numbers, a select for booleans and enums, text, and JSON for the rest."""
+    inputs = [_input(spec) for spec in fields]
+    view: dict[str, Any] = _render(
+        "edit_modal.json.j2",
+        approval_id=record.approval_id,
+        title=plain(f"Edit {record.request.tool}", 24),
+        summary=_summary(record),
+        inputs=inputs,
+    )
+    return view
+
+
+def _input(spec: EditField) -> dict[str, Any]:
+    """An input block of the edit modal; its block id names the argument."""
+    element: dict[str, Any]
+    if spec.kind in ("number", "integer"):
+        element = {
+            "type": "number_input",
+            "action_id": "value",
+            "is_decimal_allowed": spec.kind == "number",
+        }
+        if spec.text:
+            element["initial_value"] = spec.text
+    elif spec.kind in ("boolean", "enum"):
+        options = [
+            {"text": {"type": "plain_text", "text": plain(label or "(none)", 75)}, "value": value}
+            for value, label in spec.options[:100]
+        ]
+        element = {"type": "static_select", "action_id": "value", "options": options}
+        chosen = [option for option in options if option["value"] == spec.text]
+        if chosen:
+            element["initial_option"] = chosen[0]
+    else:
+        element = {
+            "type": "plain_text_input",
+            "action_id": "value",
+            "multiline": spec.kind == "json" or spec.multiline,
+        }
+        if spec.text:
+            element["initial_value"] = clip(spec.text, 3000)
+    return {
+        "block_id": "arg." + spec.name,
+        "optional": spec.nullable,
+        "label": plain(spec.name, 2000),
+        "hint": plain(spec.description, 2000) if spec.description else None,
+        "element": element,
+    }
