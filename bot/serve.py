@@ -13,11 +13,14 @@ import uvicorn
 
 from bot.config import ConfigError, check_agents, load_agents, load_config
 from bot.http import create_app
+from bot.outbox import Channel
 from bot.policy import authorize_by_rules
 from bot.service import BotService
+from bot.slack.channel import SlackChannel
+from bot.slack.reviews import SlackReviews, connect_socket_mode
 from bot.web import WebInbox
 from bot.webhooks import WebhookChannel
-from core import SqlApprovalStore
+from core import SqlApprovalStore, ToolRegistry
 
 __all__ = ["Served", "serve", "serving"]
 
@@ -61,8 +64,16 @@ async def serving(
     store = SqlApprovalStore(config.store.url, auto_migrate=config.store.auto_migrate)
     try:
         await store.open()
-        channels = [WebhookChannel(config.webhooks)] if config.webhooks else []
+        registry = ToolRegistry.merged(agent.tools for agent in agents.values())
+        channels: list[Channel] = [WebhookChannel(config.webhooks)] if config.webhooks else []
+        slack_channel = None
+        if config.slack is not None:
+            slack_channel = SlackChannel(config.slack, store, registry)
+            channels.append(slack_channel)
         service = BotService(config, store, agents, channels=channels)
+        slack = None
+        if config.slack is not None and slack_channel is not None:
+            slack = SlackReviews(config.slack, slack_channel, on_decided=service.decided)
         inbox = WebInbox(
             store=store,
             registry=service.registry,
@@ -77,6 +88,7 @@ async def serving(
             authorize_decision=authorize_by_rules,
             service=service,
             inbox=inbox,
+            slack=slack if config.slack is not None and config.slack.mode == "http" else None,
         )
         server = uvicorn.Server(
             uvicorn.Config(
@@ -89,12 +101,17 @@ async def serving(
         stop = asyncio.Event()
         serving_task = asyncio.create_task(server.serve())
         working_task = asyncio.create_task(service.work(stop))
+        socket = None
         try:
             await _started(server, serving_task)
+            if slack is not None and config.slack is not None and config.slack.mode == "socket":
+                socket = await connect_socket_mode(slack, config.slack)
             bound_host, bound_port = server.servers[0].sockets[0].getsockname()[:2]
             url = f"http://{bound_host}:{bound_port}"
             yield Served(url, store.display_url, service, serving_task, inbox)
         finally:
+            if socket is not None:
+                await socket.close_async()  # type: ignore[no-untyped-call]
             server.should_exit = True
             stop.set()
             await asyncio.gather(serving_task, working_task, return_exceptions=True)

@@ -18,6 +18,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, TypeAlias, TypeVar
 
 from pydantic import BaseModel
+from slack_bolt.adapter.starlette.async_handler import AsyncSlackRequestHandler
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
@@ -58,6 +59,7 @@ from core import (
 )
 
 if TYPE_CHECKING:
+    from bot.slack.reviews import SlackReviews
     from bot.web import WebInbox
 
 __all__ = ["SELF_APPROVAL_REASON", "AuthorizeDecision", "create_app", "refuse_self_approval"]
@@ -88,6 +90,7 @@ def create_app(
     authorize_decision: AuthorizeDecision | None = None,
     service: BotService | None = None,
     inbox: WebInbox | None = None,
+    slack: SlackReviews | None = None,
 ) -> Starlette:
     """The approvals API over `store`; edits are validated with the tools of `registry`.
 
@@ -114,6 +117,14 @@ def create_app(
     routes.append(Route("/openapi.json", openapi, methods=["GET"]))
     if inbox is not None:
         routes += inbox.routes()
+    if slack is not None:
+        # Slack's requests are signed with the app's signing secret; Bolt checks them.
+        slack_events = AsyncSlackRequestHandler(slack.app)
+
+        async def slack_endpoint(request: Request) -> Response:
+            return await slack_events.handle(request)
+
+        routes.append(Route("/slack/events", slack_endpoint, methods=["POST"]))
 
     def counters() -> dict[str, int]:
         found = {**api.counters, **(service.counters if service is not None else {})}

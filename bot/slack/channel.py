@@ -1,0 +1,257 @@
+"""The Slack channel of the outbox: review requests posted, and updated once decided.
+
+Where a review goes comes from its rule (`post_to`, the reviewers), kept with the review:
+
+- `post_to` absent: the reviewers that are channels get the request there, the people (user
+  ids, user groups, email addresses) by direct message;
+- `post_to: [#channel, C..., dm]`: those channels, and `dm` for the people.
+
+Each place is one delivery (`slack:channel:#refunds`, `slack:dm:U0123ABCDE`), so each
+message is posted once: a user group's delivery turns into one delivery per member. The
+`escalate_to` places get the request when the rule escalates, if nobody has decided by
+then. Once the review is decided, from whichever channel, one delivery (`slack:messages`)
+updates every message posted for it with `chat.update`: buttons gone, the outcome, who
+decided and when, the edited arguments. `chat.update` can be repeated safely, so a retry
+after a partial failure updates again rather than posting twice.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from datetime import datetime
+from typing import Any
+
+from aiohttp import ClientError
+from slack_sdk.errors import SlackApiError
+from slack_sdk.http_retry.builtin_async_handlers import (
+    AsyncConnectionErrorRetryHandler,
+    AsyncRateLimitErrorRetryHandler,
+    AsyncServerErrorRetryHandler,
+)
+from slack_sdk.web.async_client import AsyncWebClient
+
+from bot.config import SlackConfig, parse_reviewer
+from bot.config.values import Reviewer
+from bot.outbox import DeliveryError, OutboxStore
+from bot.slack.directory import Directory
+from bot.slack.messages import Rendered, decided_message, full_arguments, request_message
+from core import ApprovalRecord, Delivery, NewDelivery, ToolRegistry
+from core.outbox import Stage
+
+__all__ = ["MESSAGES_TARGET", "SlackChannel", "places", "slack_client"]
+
+log = logging.getLogger(__name__)
+
+MESSAGES_TARGET = "slack:messages"
+"""The delivery that updates a decided review's messages."""
+
+PERMANENT_ERRORS = frozenset(
+    {
+        "channel_not_found",
+        "not_in_channel",
+        "is_archived",
+        "users_not_found",
+        "user_not_found",
+        "no_such_subteam",
+        "invalid_blocks",
+        "msg_too_long",
+        "message_not_found",
+        "cant_update_message",
+        "invalid_auth",
+        "not_authed",
+        "account_inactive",
+        "token_revoked",
+        "missing_scope",
+        "restricted_action",
+    }
+)
+"""Answers that trying again will not change: the delivery is given up (and logged)."""
+
+
+def slack_client(config: SlackConfig) -> AsyncWebClient:
+    """The Web API client of `config`: rate limits (429, `Retry-After`), connection errors and
+    5xx are retried a few times at once; what still fails is retried later by the outbox."""
+    handlers = [
+        AsyncRateLimitErrorRetryHandler(max_retry_count=2),
+        AsyncConnectionErrorRetryHandler(max_retry_count=2),
+        AsyncServerErrorRetryHandler(max_retry_count=2),
+    ]
+    options: dict[str, Any] = {"retry_handlers": handlers, "timeout": 15}
+    if config.api_url is not None:
+        options["base_url"] = config.api_url
+    return AsyncWebClient(token=config.bot_token.get_secret_value(), **options)
+
+
+def _reviewers(texts: object) -> list[Reviewer]:
+    found = []
+    for text in texts if isinstance(texts, list) else []:
+        try:
+            found.append(parse_reviewer(text))
+        except ValueError:
+            log.warning("reviewer %r of a stored review is not understood; skipped", text)
+    return found
+
+
+def places(reviewers: Sequence[Reviewer], post_to: Sequence[str] | None) -> list[str]:
+    """Where a review goes in Slack: `channel:<#name or id>` and `dm:<user, group or email>`."""
+    people = [f"dm:{r.text}" for r in reviewers if r.kind != "slack_channel" and r.kind != "group"]
+    channels = [f"channel:{r.text}" for r in reviewers if r.kind == "slack_channel"]
+    found: list[str] = []
+    for target in post_to if post_to is not None else ["dm", *channels]:
+        for place in (
+            people if target == "dm" else [target if ":" in target else f"channel:{target}"]
+        ):
+            if place not in found:
+                found.append(place)
+    return found
+
+
+class SlackChannel:
+    """Posts and updates the reviews' Slack messages (see the module's docstring)."""
+
+    name = "slack"
+
+    def __init__(
+        self,
+        config: SlackConfig,
+        store: OutboxStore,
+        registry: ToolRegistry,
+        *,
+        client: AsyncWebClient | None = None,
+    ) -> None:
+        self.config = config
+        self.store = store
+        self.registry = registry
+        self.client = client or slack_client(config)
+        self.directory = Directory(self.client, ttl=config.cache_ttl)
+
+    # --- what to deliver ---------------------------------------------------------------------
+
+    def targets(self, record: ApprovalRecord, stage: Stage) -> list[NewDelivery]:
+        policy = record.request.policy
+        asked = places(_reviewers(policy.get("reviewers")), policy.get("post_to"))
+        escalate_at = policy.get("escalate_at")
+        later = places(_reviewers(policy.get("escalate_to")), None) if escalate_at else []
+        if stage == "outcome":
+            return [NewDelivery("outcome", MESSAGES_TARGET)] if asked or later else []
+        found = [NewDelivery("request", f"{self.name}:{place}") for place in asked]
+        if escalate_at:
+            when = datetime.fromisoformat(escalate_at)
+            found += [
+                NewDelivery("escalation", f"{self.name}:{place}", when)
+                for place in later
+                if place not in asked
+            ]
+        return found
+
+    # --- delivering --------------------------------------------------------------------------
+
+    async def deliver(self, delivery: Delivery, record: ApprovalRecord) -> dict[str, Any] | None:
+        try:
+            if delivery.kind == "outcome":
+                return await self._update_all(record)
+            if delivery.kind == "escalation" and record.decision is not None:
+                return {"skipped": "decided before the escalation"}
+            return await self._post(delivery, record)
+        except SlackApiError as exc:
+            raise _delivery_error(exc) from exc
+        except (ClientError, TimeoutError) as exc:
+            raise DeliveryError(f"Slack could not be reached: {type(exc).__name__}") from exc
+
+    async def _post(self, delivery: Delivery, record: ApprovalRecord) -> dict[str, Any]:
+        kind, _, who = delivery.address.partition(":")
+        if kind == "channel":
+            channel = who
+        else:
+            reviewer = parse_reviewer(who)
+            if reviewer.kind == "slack_user_group":
+                # One delivery per member, so that each gets one message however often
+                # this one is tried.
+                members = await self.directory.group_members(reviewer.value)
+                wanted = [
+                    NewDelivery(delivery.kind, f"{self.name}:dm:{member}") for member in members
+                ]
+                await self.store.announce(record.approval_id, "request", wanted)
+                return {"expanded": members}
+            if reviewer.kind == "email":
+                channel = await self.directory.user_by_email(reviewer.value)
+            else:
+                channel = reviewer.value
+        rendered = self.render(record)
+        posted = await self.client.chat_postMessage(
+            channel=channel,
+            text=rendered.text,
+            blocks=rendered.blocks,
+            unfurl_links=False,
+            unfurl_media=False,
+        )
+        message = {"channel": posted["channel"], "ts": posted["ts"]}
+        if rendered.cut:
+            await self.client.chat_postMessage(
+                channel=message["channel"],
+                thread_ts=message["ts"],
+                text=full_arguments(record),
+                unfurl_links=False,
+                unfurl_media=False,
+            )
+        return {"messages": [message]}
+
+    async def _update_all(self, record: ApprovalRecord) -> dict[str, Any]:
+        posted = [
+            d
+            for d in await self.store.deliveries(record.approval_id)
+            if d.channel == self.name and d.kind in ("request", "escalation")
+        ]
+        if any(d.status == "due" for d in posted if d.due_at <= (record.decided_at or d.due_at)):
+            raise DeliveryError("a request of this review is not posted yet", retry_after=1)
+        rendered = decided_message(record)
+        updated = 0
+        for d in posted:
+            for message in _messages(d.ref):
+                await self.client.chat_update(
+                    channel=message["channel"],
+                    ts=message["ts"],
+                    text=rendered.text,
+                    blocks=rendered.blocks,
+                )
+                updated += 1
+        return {"updated": updated}
+
+    def render(self, record: ApprovalRecord) -> Rendered:
+        """The message of the review as it stands: the request, or the decided message."""
+        if record.decision is not None:
+            return decided_message(record)
+        policy = record.request.policy
+        allowed = policy.get("allowed_decisions") or ["approve", "edit", "deny"]
+        tool = (
+            self.registry.get(record.request.tool) if record.request.tool in self.registry else None
+        )
+        editable = policy.get("editable")
+        can_edit = tool is not None and record.request.approvals_required == 1 and editable != []
+        # A tool this bot does not have may do anything: it gets the confirmation too.
+        destructive = tool is None or tool.effects == "destructive"
+        return request_message(record, destructive=destructive, can_edit=can_edit, allowed=allowed)
+
+    async def close(self) -> None:
+        return None
+
+
+def _messages(ref: Mapping[str, Any] | None) -> list[dict[str, str]]:
+    if not ref:
+        return []
+    found = ref.get("messages")
+    return [m for m in found if isinstance(m, dict)] if isinstance(found, list) else []
+
+
+def _delivery_error(exc: SlackApiError) -> DeliveryError:
+    response = exc.response
+    error = str(response.get("error") or f"HTTP {response.status_code}")
+    if response.status_code == 429:
+        retry_after = response.headers.get("retry-after") or response.headers.get("Retry-After")
+        try:
+            wait = float(retry_after) if retry_after is not None else None
+        except (TypeError, ValueError):
+            wait = None
+        return DeliveryError(f"Slack: {error}", retry_after=wait)
+    return DeliveryError(f"Slack: {error}", permanent=error in PERMANENT_ERRORS)

@@ -1,0 +1,406 @@
+"""Decisions made in Slack: the Approve, Edit and Deny buttons and their modals, on a Bolt
+`AsyncApp` that Slack reaches over HTTP (`/slack/events`) or Socket Mode.
+
+Every click is answered (`ack`) at once, as Slack requires within 3 seconds. Who may decide is
+the rule's say, kept with the review: its reviewers are Slack users, user groups (their
+members, asked of Slack and cached), channels (the members of the channel the review was
+posted to) and email addresses (matched with the clicker's address); the run's requester may
+not approve unless the rule allows it. Anyone else gets an ephemeral message, and the refused
+attempt goes to the review's events. A decision is recorded through `Executor.decide` (an
+edit is validated with the tool's model first), with `decided_by` the Slack user id and the
+channel `slack`; the workers are woken, the run goes on, and the outbox updates the messages.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from datetime import datetime
+from typing import Any
+
+from slack_bolt.adapter.socket_mode.websockets import AsyncSocketModeHandler
+from slack_bolt.async_app import AsyncAck, AsyncApp
+from slack_sdk.errors import SlackApiError
+
+from bot.config import SlackConfig, parse_reviewer
+from bot.config.values import Reviewer
+from bot.policy import SELF_APPROVAL_REASON, authorize_by_rules
+from bot.slack.channel import SlackChannel
+from bot.slack.messages import (
+    ACTION_APPROVE,
+    ACTION_DENY,
+    ACTION_EDIT,
+    DENY_CALLBACK,
+    EDIT_CALLBACK,
+    deny_modal,
+    edit_modal,
+)
+from bot.slack.text import clip, escape
+from bot.web.forms import FIELD_PREFIX, EditField, edit_fields, parse_edit
+from core import (
+    ApprovalAlreadyDecided,
+    ApprovalAlreadyVoted,
+    ApprovalNotFound,
+    ApprovalRecord,
+    Decision,
+    DeferredApproval,
+    Executor,
+    InvalidArgumentsError,
+    ToolDecision,
+    UnknownToolError,
+)
+from core.store import utc_now
+
+__all__ = ["CHANNEL", "SlackReviews", "connect_socket_mode"]
+
+log = logging.getLogger(__name__)
+
+CHANNEL = "slack"
+NOT_A_REVIEWER = "you are not one of the reviewers of this call"
+
+
+class SlackReviews:
+    """The Bolt app that turns clicks and modal submissions into decisions."""
+
+    def __init__(
+        self,
+        config: SlackConfig,
+        channel: SlackChannel,
+        *,
+        on_decided: Callable[[], None] | None = None,
+    ) -> None:
+        self.config = config
+        self.channel = channel
+        self.store = channel.store
+        self.registry = channel.registry
+        self.directory = channel.directory
+        self.executor = Executor(self.registry, approval=DeferredApproval(self.store))
+        self.on_decided = on_decided
+        secret = config.signing_secret.get_secret_value() if config.signing_secret else None
+        self.app = AsyncApp(
+            client=channel.client,
+            signing_secret=secret or "socket-mode-requests-are-not-signed",
+            request_verification_enabled=config.mode == "http",
+            ssl_check_enabled=False,
+            url_verification_enabled=config.mode == "http",
+        )
+        self.app.action(ACTION_APPROVE)(self._approve)
+        self.app.action(ACTION_EDIT)(self._edit)
+        self.app.action(ACTION_DENY)(self._deny)
+        self.app.view(EDIT_CALLBACK)(self._edit_submitted)
+        self.app.view(DENY_CALLBACK)(self._deny_submitted)
+        self.counters: dict[str, int] = {"decisions": 0}
+
+    # --- buttons ------------------------------------------------------------------------------
+
+    async def _approve(self, ack: AsyncAck, body: dict[str, Any]) -> None:
+        await ack()
+        click = _Click.of(body)
+        record = await self._record(click)
+        if record is None:
+            return
+        decision = Decision(approved=True, decided_by=click.user)
+        if await self._refused(click, record, decision):
+            return
+        await self._decide(click, record, decision)
+
+    async def _edit(self, ack: AsyncAck, body: dict[str, Any]) -> None:
+        await ack()
+        click = _Click.of(body)
+        record = await self._record(click)
+        if record is None:
+            return
+        if "edit" not in (record.request.policy.get("allowed_decisions") or ["edit"]):
+            await self._tell(click, "this call may not be edited; approve or deny it")
+            return
+        if await self._refused(click, record, Decision(approved=True, decided_by=click.user)):
+            return
+        fields = self._fields(record)
+        if not fields:
+            await self._tell(click, "nothing of this call may be edited here")
+            return
+        await self.channel.client.views_open(
+            trigger_id=click.trigger_id, view=_with_channel(edit_modal(record, fields), click)
+        )
+
+    async def _deny(self, ack: AsyncAck, body: dict[str, Any]) -> None:
+        await ack()
+        click = _Click.of(body)
+        record = await self._record(click)
+        if record is None:
+            return
+        if await self._refused(click, record, Decision(approved=False, decided_by=click.user)):
+            return
+        await self.channel.client.views_open(
+            trigger_id=click.trigger_id, view=_with_channel(deny_modal(record), click)
+        )
+
+    # --- modals -------------------------------------------------------------------------------
+
+    async def _edit_submitted(
+        self, ack: AsyncAck, body: dict[str, Any], view: dict[str, Any]
+    ) -> None:
+        click = _Click.of_view(body, view)
+        try:
+            record = await self.store.get(click.approval_id)
+        except ApprovalNotFound:
+            await ack(response_action="errors", errors=_first(view, "this review no longer exists"))
+            return
+        fields = self._fields(record)
+        form = _form(view, fields)
+        parsed = parse_edit(fields, form, record.request.arguments)
+        if parsed.errors:
+            errors = {FIELD_PREFIX + name: message for name, message in parsed.errors.items()}
+            await ack(response_action="errors", errors=errors)
+            return
+        if not parsed.edited:
+            message = "nothing was changed: use Approve to run the call as it is"
+            await ack(response_action="errors", errors=_first(view, message))
+            return
+        decision = ToolDecision(action="edit", arguments=parsed.edited).to_decision(click.user)
+        refusal = await self._authorize(click, record, decision)
+        if refusal is not None:
+            await self.store.refuse(
+                record.approval_id, actor=click.user, channel=CHANNEL, reason=refusal
+            )
+            await ack(response_action="errors", errors=_first(view, refusal))
+            return
+        try:
+            await self.executor.decide(
+                record.approval_id, decision, decided_by=click.user, channel=CHANNEL
+            )
+        except InvalidArgumentsError as exc:
+            errors = {}
+            for error in exc.errors:
+                name = str(error.get("field", "")).split(".", 1)[0]
+                block = FIELD_PREFIX + name
+                if any(spec.name == name for spec in fields):
+                    errors[block] = clip(str(error.get("message", "not valid")), 150)
+            await ack(response_action="errors", errors=errors or _first(view, str(exc)))
+            return
+        except (ApprovalAlreadyDecided, ApprovalAlreadyVoted, UnknownToolError) as exc:
+            await ack(response_action="errors", errors=_first(view, _why(exc)))
+            return
+        await ack()
+        self._decided()
+
+    async def _deny_submitted(
+        self, ack: AsyncAck, body: dict[str, Any], view: dict[str, Any]
+    ) -> None:
+        await ack()
+        click = _Click.of_view(body, view)
+        state = view.get("state", {}).get("values", {})
+        reason = (state.get("reason", {}).get("value", {}) or {}).get("value") or None
+        record = await self._record(click)
+        if record is None:
+            return
+        decision = Decision(approved=False, reason=reason, decided_by=click.user)
+        if await self._refused(click, record, decision):
+            return
+        await self._decide(click, record, decision)
+
+    # --- shared -------------------------------------------------------------------------------
+
+    async def _decide(self, click: _Click, record: ApprovalRecord, decision: Decision) -> None:
+        try:
+            decided = await self.executor.decide(
+                record.approval_id, decision, decided_by=click.user, channel=CHANNEL
+            )
+        except (ApprovalAlreadyDecided, ApprovalAlreadyVoted) as exc:
+            await self._tell(click, _why(exc))
+            return
+        self._decided()
+        if decided.decision is None:  # a vote of several: say how far it is
+            needed = decided.request.approvals_required
+            await self._tell(click, f"your approval is counted; {needed} are needed in all")
+
+    def _decided(self) -> None:
+        self.counters["decisions"] += 1
+        if self.on_decided is not None:
+            self.on_decided()
+
+    async def _record(self, click: _Click) -> ApprovalRecord | None:
+        try:
+            return await self.store.get(click.approval_id)
+        except ApprovalNotFound:
+            await self._tell(click, "this review no longer exists")
+            return None
+
+    async def _refused(self, click: _Click, record: ApprovalRecord, decision: Decision) -> bool:
+        """Whether the clicker may not make `decision`; if so, they are told and the refused
+        attempt is recorded."""
+        refusal = await self._authorize(click, record, decision)
+        if refusal is None:
+            return False
+        await self.store.refuse(
+            record.approval_id, actor=click.user, channel=CHANNEL, reason=refusal
+        )
+        await self._tell(click, refusal)
+        return True
+
+    async def _authorize(
+        self, click: _Click, record: ApprovalRecord, decision: Decision
+    ) -> str | None:
+        """None when the rule lets the clicker make `decision`, else why not."""
+        policy = record.request.policy
+        email = await self._email(click.user)
+        identities = {click.user.lower(), *([email] if email else [])}
+        requester = (record.request.requested_by or "").lower()
+        if decision.approved and requester in identities and not policy.get("allow_self_approval"):
+            return SELF_APPROVAL_REASON
+        listed = list(policy.get("reviewers") or [])
+        escalate_at = policy.get("escalate_at")
+        if escalate_at and utc_now() >= datetime.fromisoformat(escalate_at):
+            listed += policy.get("escalate_to") or []
+        principal = click.user
+        if listed:
+            matched = None
+            for text in listed:
+                if await self._matches(_reviewer(text), click, email, record):
+                    matched = text
+                    break
+            if matched is None:
+                return NOT_A_REVIEWER
+            principal = matched
+        # The rest of the rule (allowed decisions, editable arguments), as on every channel.
+        return authorize_by_rules(principal, record, decision)
+
+    async def _matches(
+        self, reviewer: Reviewer | None, click: _Click, email: str | None, record: ApprovalRecord
+    ) -> bool:
+        if reviewer is None:
+            return False
+        try:
+            if reviewer.kind == "slack_user":
+                return reviewer.value == click.user
+            if reviewer.kind == "email":
+                return email is not None and reviewer.value == email
+            if reviewer.kind == "slack_user_group":
+                return click.user in await self.directory.group_members(reviewer.value)
+            if reviewer.kind == "slack_channel":
+                posted = await self._posted_channels(record, reviewer.text)
+                return (
+                    click.channel in posted
+                    and click.user in await self.directory.channel_members(click.channel)
+                )
+        except SlackApiError as exc:
+            log.warning("could not check reviewer %s: %s", reviewer.text, exc.response.get("error"))
+        return False
+
+    async def _posted_channels(self, record: ApprovalRecord, reviewer: str) -> set[str]:
+        """The channel ids the review was posted to for a channel reviewer (#name or id)."""
+        found = {reviewer} if not reviewer.startswith("#") else set()
+        for delivery in await self.store.deliveries(record.approval_id):
+            if delivery.target == f"slack:channel:{reviewer}" and delivery.ref:
+                for message in delivery.ref.get("messages") or []:
+                    found.add(str(message.get("channel")))
+        return found
+
+    async def _email(self, user: str) -> str | None:
+        try:
+            return await self.directory.email_of(user)
+        except SlackApiError:
+            return None  # without users:read.email, addresses are not matched
+
+    def _fields(self, record: ApprovalRecord) -> list[EditField]:
+        if record.request.tool not in self.registry:
+            return []
+        schema = self.registry.get(record.request.tool).model.model_json_schema()
+        editable = record.request.policy.get("editable")
+        return edit_fields(schema, record.request.arguments, editable)
+
+    async def _tell(self, click: _Click, text: str) -> None:
+        """An ephemeral message to the clicker (seen by them only)."""
+        if not click.channel:
+            log.info("could not tell %s: %s", click.user, text)
+            return
+        try:
+            await self.channel.client.chat_postEphemeral(
+                channel=click.channel, user=click.user, text=escape(clip(text, 3000))
+            )
+        except SlackApiError as exc:
+            log.warning("could not tell %s: %s", click.user, exc.response.get("error"))
+
+
+async def connect_socket_mode(reviews: SlackReviews, config: SlackConfig) -> AsyncSocketModeHandler:
+    """Open the Socket Mode connection of `reviews` in this event loop; close it with
+    `close_async()`."""
+    if config.app_token is None:
+        raise ValueError("socket mode needs slack.app_token")
+    handler = AsyncSocketModeHandler(reviews.app, app_token=config.app_token.get_secret_value())
+    if config.api_url is not None:
+        handler.client.web_client.base_url = config.api_url
+    await handler.connect_async()  # type: ignore[no-untyped-call]
+    return handler
+
+
+class _Click:
+    """Who did what on which review, from an interactive payload."""
+
+    def __init__(self, user: str, approval_id: str, channel: str, trigger_id: str) -> None:
+        self.user = user
+        self.approval_id = approval_id
+        self.channel = channel
+        self.trigger_id = trigger_id
+
+    @classmethod
+    def of(cls, body: dict[str, Any]) -> _Click:
+        action = (body.get("actions") or [{}])[0]
+        return cls(
+            user=str(body["user"]["id"]),
+            approval_id=str(action.get("value", "")),
+            channel=str((body.get("channel") or {}).get("id") or ""),
+            trigger_id=str(body.get("trigger_id") or ""),
+        )
+
+    @classmethod
+    def of_view(cls, body: dict[str, Any], view: dict[str, Any]) -> _Click:
+        approval_id, _, channel = str(view.get("private_metadata") or "").partition(" ")
+        return cls(str(body["user"]["id"]), approval_id, channel, "")
+
+
+def _with_channel(view: dict[str, Any], click: _Click) -> dict[str, Any]:
+    """The modal, remembering (in its metadata) the channel of the click, for messages."""
+    return {**view, "private_metadata": f"{view['private_metadata']} {click.channel}".strip()}
+
+
+def _reviewer(text: object) -> Reviewer | None:
+    try:
+        return parse_reviewer(text)
+    except ValueError:
+        return None
+
+
+def _form(view: dict[str, Any], fields: list[EditField]) -> dict[str, str]:
+    """The modal's inputs as the edit form's `arg.<name>` texts."""
+    values = view.get("state", {}).get("values", {})
+    form: dict[str, str] = {}
+    for spec in fields:
+        state = (values.get(FIELD_PREFIX + spec.name) or {}).get("value")
+        if state is None:
+            continue
+        if "selected_option" in state:
+            chosen = state.get("selected_option")
+            form[spec.input_name] = str(chosen["value"]) if chosen else ""
+        else:
+            value = state.get("value")
+            form[spec.input_name] = "" if value is None else str(value)
+    return form
+
+
+def _first(view: dict[str, Any], message: str) -> dict[str, str]:
+    """An error shown on the modal's first input (Slack shows errors on inputs only)."""
+    for block in view.get("blocks") or []:
+        if block.get("type") == "input":
+            return {str(block["block_id"]): clip(message, 150)}
+    return {}
+
+
+def _why(exc: Exception) -> str:
+    if isinstance(exc, ApprovalAlreadyDecided):
+        return f"this call was already decided by {exc.decided_by or 'someone'}"
+    if isinstance(exc, ApprovalAlreadyVoted):
+        return "you have voted on this call already"
+    if isinstance(exc, UnknownToolError):
+        return "this call's tool is not one this bot can check an edit of"
+    return str(exc)

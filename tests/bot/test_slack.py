@@ -1,0 +1,354 @@
+"""The Slack channel end to end: the real bot (`serving`), the real slack_bolt and slack_sdk
+code, a local fake of Slack's Web API over HTTP, and clicks and modal submissions sent to
+`/slack/events` as Slack sends them (form-encoded `payload=`, signed)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from bot.policy import SELF_APPROVAL_REASON, rules_executor
+from bot.serve import Served, serving
+from core import ApprovalRecord, ToolCall
+from tests.fakes.slack import Message, SlackFake, User, interactive_request, slack_fake
+
+ROOT = Path(__file__).resolve().parents[2]
+TOKEN = "token-of-api-000000"
+API = {"Authorization": f"Bearer {TOKEN}"}
+
+
+@dataclass
+class Bot:
+    """The bot serving with Slack, the fake, and the people of the workspace."""
+
+    served: Served
+    slack: SlackFake
+    client: httpx.AsyncClient
+    lead: User
+    second: User
+    carol: User
+    other: User
+    room: str | None = None
+    """The channel reviews are posted to, when the rule says so (else direct messages)."""
+
+    @property
+    def events_url(self) -> str:
+        return f"{self.served.url}/slack/events"
+
+    async def start(
+        self, text: str = "Refund order A-1001", requested_by: str | None = None
+    ) -> str:
+        """Start a run of the support agent; the approval its refund waits for."""
+        body = {"agent": "support", "input": text, "requested_by": requested_by or self.carol.id}
+        run = (await self.client.post("/runs", json=body, headers=API)).json()
+        assert run["status"] == "waiting", run
+        approval_id: str = run["pending"][0]["approval_id"]
+        return approval_id
+
+    async def posted(self, user: User, count: int = 1) -> list[Message]:
+        """The messages in `user`'s DM with the bot (or in the room), once `count` are there."""
+        where: User | str = self.room or user
+
+        def top() -> list[Message]:
+            return [m for m in self.slack.messages(where) if m.thread_ts is None]
+
+        await self.slack.wait_until(lambda: len(top()) >= count, within=10)
+        return top()
+
+    async def send(self, payload: dict[str, Any], **overrides: Any) -> httpx.Response:
+        """POST an interactive payload to the bot as Slack does (signed)."""
+        body, headers = interactive_request(payload, self.slack.signing_secret, **overrides)
+        return await self.client.post("/slack/events", content=body, headers=headers)
+
+    async def click(self, message: Message, action: str, user: User) -> httpx.Response:
+        answer = await self.send(self.slack.click(message, action, user))
+        assert answer.status_code == 200, answer.text
+        return answer
+
+    async def record(self, approval_id: str) -> ApprovalRecord:
+        return await self.served.service.store.get(approval_id)
+
+    async def until(self, check: Callable[[], Any], within: float = 10.0) -> None:
+        deadline = time.monotonic() + within
+        while not await _value(check()):
+            assert time.monotonic() < deadline, "the condition did not come true in time"
+            await asyncio.sleep(0.02)
+
+    async def events(self, approval_id: str) -> list[tuple[str, str | None, str | None]]:
+        found = await self.served.service.store.events(approval_id)
+        return [(e.kind, e.actor, e.channel) for e in found]
+
+
+async def _value(value: Any) -> Any:
+    return await value if asyncio.iscoroutine(value) else value
+
+
+CONFIG = """
+store: {{url: "sqlite:///{db}"}}
+server: {{host: 127.0.0.1, port: 0}}
+workers: {{poll: 0.2}}
+api:
+  tokens:
+    - {{name: api, token: {token}, scopes: [runs:write, approvals:read, approvals:decide]}}
+    - {{name: {lead}, token: token-of-lead-000000, scopes: [approvals:read, approvals:decide]}}
+agents:
+  support: examples.support_agent:agent
+slack:
+  bot_token: {bot_token}
+  signing_secret: {signing_secret}
+  api_url: {api_url}
+rules:
+  - tool: refund
+    description: Refunds over 100 need a lead.
+    reviewers: [{reviewers}]
+    {post_to}
+    editable: [amount]
+    approvals_required: {required}
+"""
+
+
+@contextlib.asynccontextmanager
+async def slack_bot(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, *, required: int = 1, room: bool = False
+) -> AsyncIterator[Bot]:
+    monkeypatch.chdir(ROOT)
+    async with slack_fake() as slack:
+        lead = slack.add_user("lead", email="lead@example.com")
+        second = slack.add_user("second", email="second@example.com")
+        carol = slack.add_user("carol", email="carol@example.com")
+        other = slack.add_user("other", email="other@example.com")
+        channel = slack.add_channel("refund-approvals", [lead, second, carol, other])
+        path = tmp_path / "nodbot.yml"
+        path.write_text(
+            CONFIG.format(
+                db=tmp_path / "nodbot.db",
+                token=TOKEN,
+                lead=lead.id,
+                bot_token=slack.bot_token,
+                signing_secret=slack.signing_secret,
+                api_url=slack.api_url,
+                reviewers=f"{lead.id}, {second.id}",
+                required=required,
+                post_to=f"post_to: [{channel.id}]" if room else "",
+            )
+        )
+        async with serving(str(path)) as served, httpx.AsyncClient(base_url=served.url) as client:
+            yield Bot(
+                served, slack, client, lead, second, carol, other, channel.id if room else None
+            )
+
+
+@pytest.fixture
+async def bot(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[Bot]:
+    async with slack_bot(tmp_path, monkeypatch) as running:
+        yield running
+
+
+def actions_of(message: Message) -> list[str]:
+    return [e["action_id"] for b in message.blocks if b["type"] == "actions" for e in b["elements"]]
+
+
+def all_text(message: Message) -> str:
+    return json.dumps(message.blocks, ensure_ascii=False)
+
+
+async def test_a_review_is_posted_to_each_reviewer_and_approved_with_a_click(bot: Bot) -> None:
+    approval_id = await bot.start()
+    [message] = await bot.posted(bot.lead)
+    [_] = await bot.posted(bot.second)
+    assert actions_of(message) == ["nodbot.approve", "nodbot.edit", "nodbot.deny"]
+    assert "Refunds over 100 need a lead." in all_text(message)
+    assert f"<@{bot.carol.id}>" in all_text(message)  # who asked
+    approve = next(e for b in message.blocks if b["type"] == "actions" for e in b["elements"])
+    assert "confirm" in approve  # refund is destructive: Approve asks first
+    await bot.click(message, "nodbot.approve", bot.lead)
+    await bot.until(lambda: bot.record(approval_id))
+    record = await bot.record(approval_id)
+    assert record.decision is not None and record.decision.decided_by == bot.lead.id
+    assert ("decided", bot.lead.id, "slack") in await bot.events(approval_id)
+    # Both messages lose their buttons and say who approved.
+    for user in (bot.lead, bot.second):
+        [posted] = await bot.posted(user)
+        await bot.until(lambda posted=posted: posted.updates)
+        assert actions_of(posted) == []
+        assert f"*Approved* by <@{bot.lead.id}>" in all_text(posted)
+    run = (await bot.client.get(f"/runs/{record.request.run_id}?wait=10", headers=API)).json()
+    assert run["status"] == "finished" and run["tool_results"][0]["status"] == "ok"
+
+
+async def test_an_edit_is_checked_in_the_modal_before_anything_is_recorded(bot: Bot) -> None:
+    approval_id = await bot.start()
+    [message] = await bot.posted(bot.lead)
+    await bot.click(message, "nodbot.edit", bot.lead)
+    await bot.slack.wait_until(lambda: bot.slack.views, within=5)
+    view = bot.slack.views[-1]
+    assert [b["block_id"] for b in view.blocks if b["type"] == "input"] == ["arg.amount"]
+    refused = await bot.send(bot.slack.submit(view, bot.lead, {"arg.amount": {"value": "lots"}}))
+    assert refused.json() == {
+        "response_action": "errors",
+        "errors": {"arg.amount": "expected a number, not 'lots'"},
+    }
+    assert (await bot.record(approval_id)).decision is None
+    answer = await bot.send(bot.slack.submit(view, bot.lead, {"arg.amount": {"value": "100"}}))
+    assert answer.status_code == 200 and not answer.content
+    record = await bot.record(approval_id)
+    assert record.decision is not None and record.decision.edited_args == {"amount": 100}
+    run = (await bot.client.get(f"/runs/{record.request.run_id}?wait=10", headers=API)).json()
+    assert run["tool_results"][0]["arguments"]["amount"] == 100
+
+
+async def test_a_denial_with_its_reason_reaches_the_model(bot: Bot) -> None:
+    approval_id = await bot.start()
+    [message] = await bot.posted(bot.lead)
+    await bot.click(message, "nodbot.deny", bot.lead)
+    await bot.slack.wait_until(lambda: bot.slack.views, within=5)
+    view = bot.slack.views[-1]
+    reason = "no receipt <!channel>"
+    await bot.send(bot.slack.submit(view, bot.lead, {"reason": {"value": reason}}))
+    record = await bot.record(approval_id)
+    assert record.decision is not None and record.decision.reason == reason
+    run = (await bot.client.get(f"/runs/{record.request.run_id}?wait=10", headers=API)).json()
+    assert reason in run["tool_results"][0]["content"]
+    await bot.until(lambda: message.updates)
+    assert "&lt;!channel&gt;" in all_text(message) and "<!channel>" not in all_text(message)
+
+
+async def test_others_and_the_requester_are_told_no_and_the_attempt_is_recorded(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async with slack_bot(tmp_path, monkeypatch, room=True) as bot:
+        await others_are_told_no(bot)
+
+
+async def others_are_told_no(bot: Bot) -> None:
+    approval_id = await bot.start(requested_by=None)
+    [message] = await bot.posted(bot.lead)
+    await bot.click(message, "nodbot.approve", bot.other)
+    await bot.slack.wait_until(lambda: bot.slack.ephemerals, within=5)
+    assert bot.slack.ephemerals[-1].user == bot.other.id
+    assert "you are not one of the reviewers" in bot.slack.ephemerals[-1].text
+    assert (await bot.record(approval_id)).decision is None
+    assert ("refused", bot.other.id, "slack") in await bot.events(approval_id)
+
+    own = await bot.start("Refund order A-1002", requested_by=bot.lead.id)
+    messages = await bot.posted(bot.lead, 2)
+    await bot.click(messages[-1], "nodbot.approve", bot.lead)
+    await bot.slack.wait_until(lambda: len(bot.slack.ephemerals) == 2, within=5)
+    assert SELF_APPROVAL_REASON in bot.slack.ephemerals[-1].text
+    assert (await bot.record(own)).decision is None
+
+
+async def test_a_double_click_decides_once(bot: Bot) -> None:
+    approval_id = await bot.start()
+    [message] = await bot.posted(bot.lead)
+    [theirs] = await bot.posted(bot.second)
+    payloads = [
+        bot.slack.click(message, "nodbot.approve", bot.lead),
+        bot.slack.click(message, "nodbot.approve", bot.lead),
+        bot.slack.click(theirs, "nodbot.approve", bot.second),
+    ]
+    await asyncio.gather(*(bot.send(p) for p in payloads))
+    record = await bot.record(approval_id)
+    assert record.decision is not None
+    kinds = [kind for kind, _, _ in await bot.events(approval_id)]
+    assert kinds.count("decided") == 1 and kinds.count("refused") == 2
+    await bot.slack.wait_until(lambda: len(bot.slack.ephemerals) == 2, within=5)
+    assert all("already decided" in e.text for e in bot.slack.ephemerals)
+
+
+async def test_two_approvals_from_two_people_are_needed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async with slack_bot(tmp_path, monkeypatch, required=2) as bot:
+        approval_id = await bot.start()
+        [message] = await bot.posted(bot.lead)
+        [theirs] = await bot.posted(bot.second)
+        assert actions_of(message) == ["nodbot.approve", "nodbot.deny"]  # no edit with N-of-M
+        await bot.click(message, "nodbot.approve", bot.lead)
+        await bot.click(message, "nodbot.approve", bot.lead)  # the same person again
+        assert (await bot.record(approval_id)).decision is None
+        await bot.click(theirs, "nodbot.approve", bot.second)
+        record = await bot.record(approval_id)
+        assert record.decision is not None and record.decision.approved
+
+
+async def test_a_decision_made_elsewhere_updates_the_slack_messages(bot: Bot) -> None:
+    approval_id = await bot.start()
+    [message] = await bot.posted(bot.lead)
+    lead_api = {"Authorization": "Bearer token-of-lead-000000"}
+    answer = await bot.client.post(
+        f"/approvals/{approval_id}/decide", json={"action": "deny"}, headers=lead_api
+    )
+    assert answer.status_code == 200, answer.text
+    await bot.until(lambda: message.updates)
+    assert actions_of(message) == [] and "*Denied*" in all_text(message)
+
+
+@pytest.mark.parametrize("tamper", ["signature", "stale"])
+async def test_a_request_not_signed_by_slack_is_refused(bot: Bot, tamper: str) -> None:
+    approval_id = await bot.start()
+    [message] = await bot.posted(bot.lead)
+    payload = bot.slack.click(message, "nodbot.approve", bot.lead)
+    if tamper == "stale":
+        answer = await bot.send(payload, timestamp=int(time.time()) - 600)
+    else:
+        body, headers = interactive_request(payload, "another-signing-secret")
+        answer = await bot.client.post("/slack/events", content=body, headers=headers)
+    assert answer.status_code == 401
+    assert (await bot.record(approval_id)).decision is None
+    kinds = [kind for kind, _, _ in await bot.events(approval_id)]
+    assert [kind for kind in kinds if kind != "delivered"] == ["created"]
+
+
+async def test_untrusted_arguments_are_neutralized_and_long_ones_put_in_the_thread(
+    bot: Bot,
+) -> None:
+    order = "<!channel> <@U0123ABCDE> <https://evil.example|click> ```x``` " + "y" * 10_000
+    # A call made the way a run makes it, with what a model might put in its arguments.
+    service = bot.served.service
+    executor = rules_executor(service.agents["support"].tools, service.config, service.store)
+    call = ToolCall(name="refund", arguments={"order_id": order, "amount": 500}, id="c1")
+    paused = await executor.run_call(call, executor.context("run_evil"))
+    assert paused.error is not None
+    approval_id = paused.error.details["approval_id"]
+    service.decided()  # wake the workers, as a run of this bot would
+    [message] = await bot.posted(bot.lead)
+    shown = all_text(message)
+    for raw in ("<!channel>", "<@U0123ABCDE>", "<https://evil.example|click>"):
+        assert raw not in shown
+    assert "&lt;!channel&gt;" in shown
+    assert all(len(b.get("text", {}).get("text", "")) <= 3000 for b in message.blocks)
+
+    def thread() -> list[Message]:
+        return [m for m in bot.slack.messages(bot.lead) if m.thread_ts == message.ts]
+
+    await bot.slack.wait_until(thread, within=5)
+    assert len(thread()) == 1 and "y" * 10_000 in thread()[0].text.replace("\u200b", "")
+    assert (await bot.record(approval_id)).decision is None
+
+
+async def test_rate_limits_lose_nothing_and_post_nothing_twice(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async with slack_bot(tmp_path, monkeypatch) as bot:
+        bot.slack.rate_limit_every(3, retry_after=1)
+        approvals = [await bot.start(f"Refund order A-{n}") for n in range(4)]
+        await bot.posted(bot.lead, 4)
+        await bot.posted(bot.second, 4)
+        await asyncio.sleep(0.5)  # a repeat, if any, would arrive meanwhile
+        for user in (bot.lead, bot.second):
+            posted = await bot.posted(user)
+            assert len(posted) == 4, [m.text for m in posted]
+        assert bot.slack.faults  # the fake did limit
+        for approval_id in approvals:
+            deliveries = await bot.served.service.store.deliveries(approval_id)
+            assert {d.status for d in deliveries} == {"sent"}
