@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import re
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
@@ -15,6 +16,7 @@ from typing import Any
 
 import httpx
 import pytest
+import yaml
 
 from bot.policy import SELF_APPROVAL_REASON, rules_executor
 from bot.serve import Served, serving
@@ -104,7 +106,7 @@ agents:
   support: examples.support_agent:agent
 slack:
   bot_token: {bot_token}
-  signing_secret: {signing_secret}
+  {transport}
   api_url: {api_url}
 rules:
   - tool: refund
@@ -118,7 +120,12 @@ rules:
 
 @contextlib.asynccontextmanager
 async def slack_bot(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, *, required: int = 1, room: bool = False
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    *,
+    required: int = 1,
+    room: bool = False,
+    socket: bool = False,
 ) -> AsyncIterator[Bot]:
     monkeypatch.chdir(ROOT)
     async with slack_fake() as slack:
@@ -134,7 +141,11 @@ async def slack_bot(
                 token=TOKEN,
                 lead=lead.id,
                 bot_token=slack.bot_token,
-                signing_secret=slack.signing_secret,
+                transport=(
+                    f"mode: socket\n  app_token: {slack.app_token}"
+                    if socket
+                    else f"signing_secret: {slack.signing_secret}"
+                ),
                 api_url=slack.api_url,
                 reviewers=f"{lead.id}, {second.id}",
                 required=required,
@@ -352,3 +363,73 @@ async def test_rate_limits_lose_nothing_and_post_nothing_twice(
         for approval_id in approvals:
             deliveries = await bot.served.service.store.deliveries(approval_id)
             assert {d.status for d in deliveries} == {"sent"}
+
+
+async def test_socket_mode_takes_the_clicks_over_the_websocket(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async with slack_bot(tmp_path, monkeypatch, socket=True) as bot:
+        approval_id = await bot.start()
+        [message] = await bot.posted(bot.lead)
+        # No HTTP endpoint in socket mode: Slack's requests come over the connection.
+        answer = await bot.send(bot.slack.click(message, "nodbot.approve", bot.lead))
+        assert answer.status_code == 404
+        ack = await bot.slack.socket_send(
+            "interactive", bot.slack.click(message, "nodbot.deny", bot.lead)
+        )
+        assert ack["envelope_id"]
+        await bot.slack.wait_until(lambda: bot.slack.views, within=5)
+        view = bot.slack.views[-1]
+        submitted = bot.slack.submit(view, bot.lead, {"reason": {"value": "not today"}})
+        await bot.slack.socket_send("interactive", submitted)
+        await bot.until(lambda: message.updates)
+        record = await bot.record(approval_id)
+        assert record.decision is not None and record.decision.reason == "not today"
+        assert "*Denied*" in all_text(message)
+
+
+async def test_a_decision_in_the_web_inbox_updates_the_slack_messages(bot: Bot) -> None:
+    approval_id = await bot.start()
+    [message] = await bot.posted(bot.lead)
+    async with httpx.AsyncClient(base_url=bot.served.url, follow_redirects=True) as browser:
+        await browser.get(bot.served.sign_in_link(bot.lead.id))
+        page = await browser.get(f"/inbox/approvals/{approval_id}")
+        csrf = re.search(r'name="csrf" value="([^"]+)"', page.text)
+        assert csrf is not None, page.text
+        form = {"action": "approve", "csrf": csrf.group(1)}
+        done = await browser.post(f"/inbox/approvals/{approval_id}/decide", data=form)
+        assert done.status_code == 200, done.text
+    await bot.until(lambda: message.updates)
+    assert actions_of(message) == []
+    assert f"*Approved* by <@{bot.lead.id}>" in all_text(message)
+    assert ("decided", bot.lead.id, "web") in await bot.events(approval_id)
+
+
+SCOPES = {
+    "chat.postMessage": "chat:write",
+    "chat.update": "chat:write",
+    "chat.postEphemeral": "chat:write",
+    "conversations.open": "im:write",
+    "users.info": "users:read",
+    "users.lookupByEmail": "users:read.email",
+    "usergroups.users.list": "usergroups:read",
+    "conversations.members": "channels:read",
+    "views.open": None,
+    "auth.test": None,
+}
+
+
+async def test_the_manifest_grants_what_the_bot_calls_and_no_more(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    manifest = yaml.safe_load((ROOT / "manifest.yml").read_text())
+    granted = set(manifest["oauth_config"]["scopes"]["bot"])
+    assert manifest["settings"]["interactivity"]["request_url"].endswith("/slack/events")
+    async with slack_bot(tmp_path, monkeypatch, room=True) as bot:
+        await others_are_told_no(bot)
+        called = {call.method for call in bot.slack.calls}
+    assert called <= set(SCOPES), called - set(SCOPES)
+    needed = {SCOPES[method] for method in called} - {None}
+    assert needed <= granted
+    # Nothing granted that no method of the bot needs (groups:read: private channels' members).
+    assert granted <= {scope for scope in SCOPES.values() if scope} | {"groups:read"}
