@@ -15,7 +15,7 @@ import logging
 import random
 from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol, TypeAlias
 
 from core import (
     ApprovalNotFound,
@@ -26,10 +26,9 @@ from core import (
     NewDelivery,
     Outbox,
 )
-from core.outbox import Stage
 from core.store import utc_now
 
-__all__ = ["Channel", "DeliveryError", "Dispatcher", "OutboxStore", "backoff"]
+__all__ = ["Channel", "DeliveryError", "Dispatcher", "Moment", "OutboxStore", "backoff"]
 
 log = logging.getLogger(__name__)
 
@@ -51,8 +50,9 @@ class Channel(Protocol):
     name: str
     """The channel part of its targets (`webhook` in `webhook:ops`)."""
 
-    def targets(self, record: ApprovalRecord, stage: Stage) -> list[NewDelivery]:
-        """The deliveries this channel wants for the review at this stage."""
+    def targets(self, record: ApprovalRecord, stage: Moment) -> list[NewDelivery]:
+        """The deliveries this channel wants for the review at this moment: it opened
+        (`request`), it was decided (`outcome`), its run finished (`answer`)."""
         ...
 
     async def deliver(self, delivery: Delivery, record: ApprovalRecord) -> dict[str, Any] | None:
@@ -63,6 +63,10 @@ class Channel(Protocol):
     async def close(self) -> None:
         """Let go of connections."""
         ...
+
+
+Moment: TypeAlias = Literal["request", "outcome", "answer"]
+"""When channels are asked what to deliver about a review."""
 
 
 class OutboxStore(ApprovalStore, Outbox, Protocol):
@@ -121,6 +125,15 @@ class Dispatcher:
                 record, stage = announcement.record, announcement.stage
                 wanted = [d for c in self.channels.values() for d in c.targets(record, stage)]
                 made += len(await self.store.announce(record.approval_id, stage, wanted))
+        return made
+
+    async def answer(self, run_id: str) -> int:
+        """Make the deliveries of a finished run's answer, for each of its reviews."""
+        made = 0
+        for record in await self.store.list(run_id=run_id):
+            wanted = [d for c in self.channels.values() for d in c.targets(record, "answer")]
+            if wanted:
+                made += len(await self.store.announce(record.approval_id, None, wanted))
         return made
 
     async def close(self) -> None:

@@ -172,9 +172,12 @@ class BotService:
 
     async def _advance(self, run: RunRecord) -> RunRecord:
         try:
-            return await self._advance_once(run)
+            run = await self._advance_once(run)
         finally:
             self._changed()
+        if run.status == "finished":
+            await self.dispatcher.answer(run.run_id)  # delivered by this step's dispatch
+        return run
 
     async def _advance_once(self, run: RunRecord) -> RunRecord:
         agent = self.agents.get(run.agent)

@@ -33,9 +33,8 @@ import httpx
 
 from bot.config import Webhook, WebhookEvent
 from bot.http.schemas import ApprovalView
-from bot.outbox import DeliveryError
+from bot.outbox import DeliveryError, Moment
 from core import ApprovalRecord, Delivery, NewDelivery, __version__
-from core.outbox import Stage
 
 __all__ = ["SIGNATURE_VERSION", "InvalidSignature", "WebhookChannel", "sign", "verify_signature"]
 
@@ -99,7 +98,7 @@ class WebhookChannel:
             headers={"User-Agent": f"nodbot/{__version__}"}, follow_redirects=False
         )
 
-    def targets(self, record: ApprovalRecord, stage: Stage) -> list[NewDelivery]:
+    def targets(self, record: ApprovalRecord, stage: Moment) -> list[NewDelivery]:
         found = []
         escalate_at = record.request.policy.get("escalate_at")
         for hook in self.hooks.values():

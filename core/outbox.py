@@ -39,9 +39,9 @@ __all__ = [
 
 Stage: TypeAlias = Literal["request", "outcome"]
 """What is announced about a review: that it opened, or how it was decided."""
-DeliveryKind: TypeAlias = Literal["request", "escalation", "outcome"]
+DeliveryKind: TypeAlias = Literal["request", "escalation", "outcome", "answer"]
 """What a delivery tells: the request, the request again to those it escalates to (due at
-the escalation time), the outcome."""
+the escalation time), the outcome, the run's final answer (once the run has finished)."""
 DeliveryStatus: TypeAlias = Literal["due", "sent", "failed"]
 """`due` until delivered (`sent`) or given up (`failed`: the channel said it never will)."""
 
@@ -107,10 +107,10 @@ class Outbox(Protocol):
         ...
 
     async def announce(
-        self, approval_id: str, stage: Stage, deliveries: Sequence[NewDelivery]
+        self, approval_id: str, stage: Stage | None, deliveries: Sequence[NewDelivery]
     ) -> list[Delivery]:
-        """Make `deliveries` (those not made before) and mark `stage` as announced, in one
-        transaction; returns the deliveries this call made."""
+        """Make `deliveries` (those not made before) and mark `stage` as announced (None:
+        no stage, deliveries only), in one transaction; returns the deliveries made."""
         ...
 
     async def claim_deliveries(

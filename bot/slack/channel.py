@@ -33,11 +33,16 @@ from slack_sdk.web.async_client import AsyncWebClient
 
 from bot.config import SlackConfig, parse_reviewer
 from bot.config.values import Reviewer
-from bot.outbox import DeliveryError, OutboxStore
+from bot.outbox import DeliveryError, Moment, OutboxStore
 from bot.slack.directory import Directory
-from bot.slack.messages import Rendered, decided_message, full_arguments, request_message
+from bot.slack.messages import (
+    Rendered,
+    answer_text,
+    decided_message,
+    full_arguments,
+    request_message,
+)
 from core import ApprovalRecord, Delivery, NewDelivery, ToolRegistry
-from core.outbox import Stage
 
 __all__ = ["MESSAGES_TARGET", "SlackChannel", "places", "slack_client"]
 
@@ -128,13 +133,15 @@ class SlackChannel:
 
     # --- what to deliver ---------------------------------------------------------------------
 
-    def targets(self, record: ApprovalRecord, stage: Stage) -> list[NewDelivery]:
+    def targets(self, record: ApprovalRecord, stage: Moment) -> list[NewDelivery]:
         policy = record.request.policy
         asked = places(_reviewers(policy.get("reviewers")), policy.get("post_to"))
         escalate_at = policy.get("escalate_at")
         later = places(_reviewers(policy.get("escalate_to")), None) if escalate_at else []
         if stage == "outcome":
             return [NewDelivery("outcome", MESSAGES_TARGET)] if asked or later else []
+        if stage == "answer":
+            return [NewDelivery("answer", MESSAGES_TARGET)] if asked or later else []
         found = [NewDelivery("request", f"{self.name}:{place}") for place in asked]
         if escalate_at:
             when = datetime.fromisoformat(escalate_at)
@@ -151,6 +158,8 @@ class SlackChannel:
         try:
             if delivery.kind == "outcome":
                 return await self._update_all(record)
+            if delivery.kind == "answer":
+                return await self._answer(record)
             if delivery.kind == "escalation" and record.decision is not None:
                 return {"skipped": "decided before the escalation"}
             return await self._post(delivery, record)
@@ -217,6 +226,28 @@ class SlackChannel:
                 )
                 updated += 1
         return {"updated": updated}
+
+    async def _answer(self, record: ApprovalRecord) -> dict[str, Any]:
+        """The run's final answer, in the thread of each message of the review."""
+        get_run = getattr(self.store, "get_run", None)
+        run = await get_run(record.request.run_id) if get_run is not None else None
+        if run is None or run.final_text is None:
+            return {"skipped": "the run has no answer"}
+        text = answer_text(run.final_text)
+        replies = 0
+        for d in await self.store.deliveries(record.approval_id):
+            if d.channel != self.name or d.kind not in ("request", "escalation"):
+                continue
+            for message in _messages(d.ref):
+                await self.client.chat_postMessage(
+                    channel=message["channel"],
+                    thread_ts=message["ts"],
+                    text=text,
+                    unfurl_links=False,
+                    unfurl_media=False,
+                )
+                replies += 1
+        return {"replies": replies}
 
     def render(self, record: ApprovalRecord) -> Rendered:
         """The message of the review as it stands: the request, or the decided message."""

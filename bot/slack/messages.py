@@ -30,6 +30,7 @@ __all__ = [
     "DENY_CALLBACK",
     "EDIT_CALLBACK",
     "Rendered",
+    "answer_text",
     "decided_message",
     "deny_modal",
     "edit_modal",
@@ -208,6 +209,12 @@ def full_arguments(record: ApprovalRecord) -> str:
     """The whole arguments as JSON, for the thread reply under a request that cut them."""
     text = json.dumps(record.request.arguments, ensure_ascii=False, indent=2, sort_keys=True)
     return "Full arguments:\n" + code(text, THREAD_TEXT)
+
+
+def answer_text(final_text: str) -> str:
+    """The run's final answer, for the thread of its review's messages (the model wrote it:
+    escaped like the arguments)."""
+    return "The run finished. Its answer:\n" + code(final_text, THREAD_TEXT)
 
 
 def _summary(record: ApprovalRecord) -> str:

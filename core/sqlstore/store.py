@@ -367,12 +367,13 @@ class SqlApprovalStore:
         ]
 
     async def announce(
-        self, approval_id: str, stage: Stage, deliveries: Sequence[NewDelivery]
+        self, approval_id: str, stage: Stage | None, deliveries: Sequence[NewDelivery]
     ) -> _Deliveries:
         backend = await self._ready()
         wanted = [{"kind": d.kind, "target": d.target, "due_at": d.due_at} for d in deliveries]
         with self._errors():
-            made = await backend.announce(approval_id, STAGES[stage], wanted, self._clock())
+            level = 0 if stage is None else STAGES[stage]  # 0: no stage is raised
+            made = await backend.announce(approval_id, level, wanted, self._clock())
         return [_delivery(row) for row in made]
 
     async def claim_deliveries(

@@ -194,6 +194,17 @@ async def test_a_review_is_posted_to_each_reviewer_and_approved_with_a_click(bot
         assert f"*Approved* by <@{bot.lead.id}>" in all_text(posted)
     run = (await bot.client.get(f"/runs/{record.request.run_id}?wait=10", headers=API)).json()
     assert run["status"] == "finished" and run["tool_results"][0]["status"] == "ok"
+    # The run's answer goes to the thread of each message.
+    for user in (bot.lead, bot.second):
+        [posted] = await bot.posted(user)
+
+        def replies(posted: Message = posted, user: User = user) -> list[Message]:
+            return [m for m in bot.slack.messages(user) if m.thread_ts == posted.ts]
+
+        await bot.slack.wait_until(replies, within=5)
+        [reply] = replies()
+        assert reply.text.startswith("The run finished.")
+        assert run["final_text"][:40] in reply.text
 
 
 async def test_an_edit_is_checked_in_the_modal_before_anything_is_recorded(bot: Bot) -> None:
