@@ -40,6 +40,7 @@ bench: $(VENV)/.bench-installed
 	$(BIN)/python bench/cycle.py
 	$(BIN)/python bench/list_pending.py
 	$(BIN)/python bench/bot.py
+	$(BIN)/python bench/slack.py
 
 clean:
 	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache

@@ -20,3 +20,11 @@ def test_the_bot_benchmark_runs_and_reports_every_figure() -> None:
         "approvals end to end =",
     ):
         assert figure in done.stdout, done.stdout
+
+
+def test_the_slack_benchmark_runs_and_reports_every_figure() -> None:
+    command = [sys.executable, "bench/slack.py", "--runs", "2", "--posts", "2"]
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    for figure in ("click -> tool run p99 =", "reviews posted ="):
+        assert figure in done.stdout, done.stdout
