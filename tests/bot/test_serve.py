@@ -192,6 +192,55 @@ def test_nodbot_serve_runs_the_bot_until_interrupted(tmp_path: Path) -> None:
                 process.kill()
 
 
+def test_a_review_nobody_decides_times_out_into_a_denial_in_nodbot_serve(tmp_path: Path) -> None:
+    review = "    reviewers: [U0123LEADS]\n    timeout: 1s\nworkers: {poll: 0.2}"
+    command = [nodbot(), "serve", "--config", str(config(tmp_path, review))]
+    with subprocess.Popen(
+        command,
+        cwd=ROOT,
+        env={**os.environ, **TOKENS},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    ) as process:
+        try:
+            assert process.stdout is not None
+            line = process.stdout.readline()
+            assert line.startswith("nodbot: serving http://127.0.0.1:"), line
+
+            async def flow() -> None:
+                async with httpx.AsyncClient(base_url=line.split()[2]) as client:
+                    body = {"agent": "support", "input": "Refund order A-1001"}
+                    run = (await client.post("/runs", json=body, headers=as_("ana"))).json()
+                    [pending] = run["pending"]
+                    finished = await until_finished(client, run["run_id"])
+                    assert finished["status"] == "finished"
+                    [result] = finished["tool_results"]
+                    assert result["status"] == "error" and result["arguments"] is None
+                    assert "nobody decided before the deadline" in result["content"]
+                    approval = await client.get(
+                        f"/approvals/{pending['approval_id']}", headers=as_("lead")
+                    )
+                    decision = approval.json()["decision"]
+                    assert (decision["approved"], decision["decided_by"]) == (
+                        False,
+                        "nodbot:timeout",
+                    )
+                    late = await client.post(
+                        f"/approvals/{pending['approval_id']}/decide",
+                        json={"action": "approve"},
+                        headers=as_("lead"),
+                    )
+                    assert late.status_code == 409  # the timeout decided first
+
+            asyncio.run(flow())
+            process.send_signal(signal.SIGINT)
+            assert process.wait(timeout=20) == 0
+        finally:
+            if process.poll() is None:
+                process.kill()
+
+
 async def test_a_review_that_needs_two_approvals_waits_for_both(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
