@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 
 import uvicorn
@@ -90,7 +90,7 @@ async def serving(
             inbox=inbox,
             slack=slack if config.slack is not None and config.slack.mode == "http" else None,
         )
-        server = uvicorn.Server(
+        server = _Server(
             uvicorn.Config(
                 app,
                 host=host or config.server.host,
@@ -118,6 +118,18 @@ async def serving(
             await service.close()
     finally:
         await store.close()
+
+
+class _Server(uvicorn.Server):
+    """uvicorn's server, stopped by SIGINT or SIGTERM like uvicorn's, except that it does not
+    raise the signal again once stopped: the bot still has its workers, channels and store
+    to close, and then ends normally."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        with super().capture_signals():
+            yield
+            self._captured_signals.clear()
 
 
 async def _started(server: uvicorn.Server, task: asyncio.Task[None]) -> None:

@@ -192,6 +192,24 @@ def test_nodbot_serve_runs_the_bot_until_interrupted(tmp_path: Path) -> None:
                 process.kill()
 
 
+def test_sigterm_stops_nodbot_serve_cleanly(tmp_path: Path) -> None:
+    command = [nodbot(), "serve", "--config", str(config(tmp_path))]
+    with subprocess.Popen(
+        command, cwd=ROOT, env={**os.environ, **TOKENS}, stdout=subprocess.PIPE, text=True
+    ) as process:
+        try:
+            assert process.stdout is not None
+            assert process.stdout.readline().startswith("nodbot: serving ")
+            assert (tmp_path / "nodbot.db-wal").exists()  # the store is open
+            process.send_signal(signal.SIGTERM)
+            assert process.wait(timeout=20) == 0
+        finally:
+            if process.poll() is None:
+                process.kill()
+    # The store was closed before the process ended: SQLite folded its log into the file.
+    assert not (tmp_path / "nodbot.db-wal").exists()
+
+
 def test_a_review_nobody_decides_times_out_into_a_denial_in_nodbot_serve(tmp_path: Path) -> None:
     review = "    reviewers: [U0123LEADS]\n    timeout: 1s\nworkers: {poll: 0.2}"
     command = [nodbot(), "serve", "--config", str(config(tmp_path, review))]
