@@ -19,8 +19,8 @@ from typing import Any
 
 import jinja2
 
+from bot.forms import EditField
 from bot.slack.text import clip, code, escape, plain, shown_value
-from bot.web.forms import EditField
 from core import ApprovalRecord
 
 __all__ = [
@@ -235,7 +235,7 @@ def deny_modal(record: ApprovalRecord) -> dict[str, Any]:
 
 
 def edit_modal(record: ApprovalRecord, fields: Sequence[EditField]) -> dict[str, Any]:
-    """The Edit modal: one input per editable argument (`bot.web.forms.edit_fields`),
+    """The Edit modal: one input per editable argument (`bot.forms.edit_fields`),
     typed: numbers, a select for booleans and enums, text, and JSON for the rest."""
     inputs = [_input(spec) for spec in fields]
     view: dict[str, Any] = _render(

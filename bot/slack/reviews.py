@@ -24,6 +24,7 @@ from slack_sdk.errors import SlackApiError
 
 from bot.config import SlackConfig, parse_reviewer
 from bot.config.values import Reviewer
+from bot.forms import FIELD_PREFIX, EditField, edit_fields, parse_edit
 from bot.policy import SELF_APPROVAL_REASON, authorize_by_rules
 from bot.slack.channel import SlackChannel
 from bot.slack.messages import (
@@ -36,7 +37,6 @@ from bot.slack.messages import (
     edit_modal,
 )
 from bot.slack.text import clip, escape
-from bot.web.forms import FIELD_PREFIX, EditField, edit_fields, parse_edit
 from core import (
     ApprovalAlreadyDecided,
     ApprovalAlreadyVoted,

@@ -34,10 +34,10 @@ from starlette.responses import HTMLResponse, RedirectResponse, Response
 from starlette.routing import Route
 
 from bot.config import WebConfig
+from bot.forms import EditField, edit_fields, is_long, parse_edit, shown
 from bot.http import AuthorizeDecision
 from bot.policy import authorize_by_rules
 from bot.service import BotService
-from bot.web.forms import EditField, edit_fields, is_long, parse_edit, shown
 from bot.web.signing import Session, Signer, TokenError, link_for
 from core import (
     ApprovalAlreadyDecided,

@@ -8,9 +8,9 @@ from datetime import UTC, datetime
 from enum import Enum
 from typing import Any
 
+from bot.forms import edit_fields
 from bot.slack.messages import decided_message, deny_modal, edit_modal, request_message
 from bot.slack.text import code, escape
-from bot.web.forms import edit_fields
 from core import ApprovalRequest, Decision, ToolRegistry, arguments_digest
 from core.store import ApprovalRecord
 from tests.fakes.slack import block_errors, view_errors

@@ -23,11 +23,11 @@ import pytest
 import uvicorn
 
 from bot.config import Config, load_config
+from bot.forms import edit_fields, parse_edit
 from bot.http import AuthorizeDecision, create_app
 from bot.policy import SELF_APPROVAL_REASON, authorize_by_rules, rules_executor
 from bot.serve import serving
 from bot.web import WebInbox, sign_in_link
-from bot.web.forms import edit_fields, parse_edit
 from bot.web.signing import Signer
 from core import (
     ApprovalRecord,

@@ -1,5 +1,6 @@
-"""The edit form: fields built from a tool's JSON schema, and the posted text read back into
-values.
+"""Editing a call's arguments, for every channel that lets a reviewer edit (the web inbox's
+form, Slack's modal): fields built from the tool's JSON schema, and the entered text read
+back into values.
 
 | schema                         | field                                           |
 |--------------------------------|-------------------------------------------------|
