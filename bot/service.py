@@ -20,6 +20,7 @@ import asyncio
 import logging
 import os
 import socket
+import weakref
 from collections.abc import Mapping, Sequence
 from typing import Protocol
 
@@ -77,7 +78,11 @@ class BotService:
             name: rules_executor(agent.tools, config, store) for name, agent in agents.items()
         }
         self._wake = asyncio.Event()
-        self._changes = asyncio.Event()
+        # One event per run someone waits on (GET /runs/{id}?wait): a change wakes only the
+        # waiters of that run. Weak: an event nobody waits on any more goes away.
+        self._changes: weakref.WeakValueDictionary[str, asyncio.Event] = (
+            weakref.WeakValueDictionary()
+        )
         self.counters: dict[str, int] = {"runs_started": 0, "runs_advanced": 0}
         """What this process has done since it started, for /metrics."""
         self.dispatcher = Dispatcher(
@@ -106,13 +111,18 @@ class BotService:
         self._wake.set()  # its calls may wait for review now: announce them
         return run
 
-    def run_changes(self) -> asyncio.Event:
-        """An event set the next time this process moves a run on (see `GET /runs/{id}?wait`)."""
-        return self._changes
+    def run_changes(self, run_id: str) -> asyncio.Event:
+        """An event set the next time this process moves the run on (`GET /runs/{id}?wait`);
+        hold on to it while waiting."""
+        event = self._changes.get(run_id)
+        if event is None:
+            event = self._changes[run_id] = asyncio.Event()
+        return event
 
-    def _changed(self) -> None:
-        changes, self._changes = self._changes, asyncio.Event()
-        changes.set()
+    def _changed(self, run_id: str) -> None:
+        event = self._changes.pop(run_id, None)
+        if event is not None:
+            event.set()
 
     def decided(self) -> None:
         """Tell the workers a decision was recorded here: a run may be ready now."""
@@ -174,7 +184,7 @@ class BotService:
         try:
             run = await self._advance_once(run)
         finally:
-            self._changed()
+            self._changed(run.run_id)
         if run.status == "finished":
             await self.dispatcher.answer(run.run_id)  # delivered by this step's dispatch
         return run

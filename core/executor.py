@@ -113,8 +113,8 @@ class Executor:
             raise ConfigurationError("decide() needs an executor with a DeferredApproval port")
         store = self.approval.store
         decision = as_decision(answer, decided_by=decided_by)
-        record = await store.get(approval_id)
         if decision.edited_args is not None:
+            record = await store.get(approval_id)
             tool = self.registry.get(record.request.tool)
             merged = merge_edit(record.request.arguments, decision.edited_args)
             tool.validate(merged, source="edited arguments")

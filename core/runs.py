@@ -272,11 +272,14 @@ async def advance_run(
     """Continue a claimed run's tool loop, with its own run id, and save where it stopped:
     finished (the model answered), waiting (calls wait for review) or failed.
 
-    The claim is renewed first (for `lease` seconds), so a worker whose lease ran out runs
-    nothing. Raises
-    `RunConflict` when the run was taken over, before or while it ran.
+    The claim is renewed first (for `lease` seconds) unless more than half of it is left (a
+    claim just made), so a worker whose lease ran out runs nothing: nobody else can have
+    claimed a run whose lease has not run out. Raises `RunConflict` when the run was taken
+    over, before or while it ran.
     """
-    run = await runs.renew_claim(run, lease=lease)
+    left = (run.lease_until - utc_now()).total_seconds() if run.lease_until else 0.0
+    if left < lease / 2:
+        run = await runs.renew_claim(run, lease=lease)
     ctx = executor.context(run.run_id, requested_by=run.requested_by)
     try:
         result = await run_tool_loop(agent.chat, run.messages, ctx, max_turns=max_turns)

@@ -105,7 +105,7 @@ def run_routes(service: BotService, tokens: TokenTable) -> list[Route]:
         run_id = request.path_params["run_id"]
         deadline = time.monotonic() + query.wait
         while True:
-            changed = service.run_changes()  # taken before reading: no change is missed
+            changed = service.run_changes(run_id)  # taken before reading: no change is missed
             try:
                 run = await service.store.get_run(run_id)
             except RunNotFound:
