@@ -33,6 +33,10 @@ __all__ = ["Channel", "DeliveryError", "Dispatcher", "Moment", "OutboxStore", "b
 log = logging.getLogger(__name__)
 
 
+ANNOUNCE_BATCH = 100
+"""Reviews announced per read of the store."""
+
+
 class DeliveryError(Exception):
     """A delivery that did not go through: tried again later, unless `permanent`."""
 
@@ -120,11 +124,13 @@ class Dispatcher:
     async def announce(self) -> int:
         """Make the deliveries of every review with something to announce; how many."""
         made = 0
-        while announcements := await self.store.unannounced():
+        while announcements := await self.store.unannounced(limit=ANNOUNCE_BATCH):
             for announcement in announcements:
                 record, stage = announcement.record, announcement.stage
                 wanted = [d for c in self.channels.values() for d in c.targets(record, stage)]
                 made += len(await self.store.announce(record.approval_id, stage, wanted))
+            if len(announcements) < ANNOUNCE_BATCH:
+                break  # that was all: no need to ask again
         return made
 
     async def answer(self, run_id: str) -> int:

@@ -43,6 +43,10 @@ __all__ = ["BotService", "BotStore", "UnknownAgentError"]
 log = logging.getLogger(__name__)
 
 
+CLAIM_BATCH = 10
+"""Runs claimed at once by a worker, and moved on side by side."""
+
+
 class BotStore(OutboxStore, RunStore, Protocol):
     """A store of approvals, their outbox and runs (`SqlApprovalStore`)."""
 
@@ -134,7 +138,9 @@ class BotService:
         if await self.store.expire_due():
             log.info("reviews timed out")
         advanced = 0
-        while claimed := await self.store.claim_ready(worker=self.worker, lease=self.lease):
+        while claimed := await self.store.claim_ready(
+            worker=self.worker, lease=self.lease, limit=CLAIM_BATCH
+        ):
             # The claimed runs go on side by side: one waiting on its database round trips
             # or its tool does not hold up the others.
             outcomes = await asyncio.gather(
@@ -148,6 +154,8 @@ class BotService:
                     continue
                 advanced += 1
                 self.counters["runs_advanced"] += 1
+            if len(claimed) < CLAIM_BATCH:
+                break  # that was every ready run; runs ready later wake the workers again
         await self.dispatcher.step()
         return advanced
 

@@ -106,6 +106,10 @@ _EXPIRE = (
     "  ORDER BY deadline LIMIT ?"
     f") RETURNING {COLUMNS}"
 )
+_ANY_DUE = (
+    "SELECT 1 FROM approvals INDEXED BY approvals_deadline"
+    " WHERE status = 'pending' AND deadline <= ? LIMIT 1"
+)
 _RUN_TIMES = ("created_at", "updated_at", "lease_until")
 _INSERT_RUN = (
     f"INSERT INTO runs ({RUN_COLUMNS}) VALUES ({', '.join('?' for _ in RUN_COLUMN_NAMES)}) "
@@ -501,6 +505,9 @@ class SqliteBackend:
     async def expire_due(self, at: datetime, decisions: dict[str, str], limit: int) -> list[Row]:
         now = _text(at)
         parameters = (decisions["approve"], decisions["deny"], now, now, limit)
+        # Asked at every step of every bot: a read first, so that nothing due costs no write lock.
+        if not await self._fetch_all(_ANY_DUE, (now,)):
+            return []
 
         def work(db: sqlite3.Connection) -> list[Row]:
             expired = [_row(found) or {} for found in db.execute(_EXPIRE, parameters).fetchall()]
