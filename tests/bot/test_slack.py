@@ -126,6 +126,7 @@ async def slack_bot(
     required: int = 1,
     room: bool = False,
     socket: bool = False,
+    group: bool = False,
 ) -> AsyncIterator[Bot]:
     monkeypatch.chdir(ROOT)
     async with slack_fake() as slack:
@@ -134,6 +135,7 @@ async def slack_bot(
         carol = slack.add_user("carol", email="carol@example.com")
         other = slack.add_user("other", email="other@example.com")
         channel = slack.add_channel("refund-approvals", [lead, second, carol, other])
+        leads = slack.add_usergroup("leads", [lead, second])
         path = tmp_path / "nodbot.yml"
         path.write_text(
             CONFIG.format(
@@ -147,7 +149,7 @@ async def slack_bot(
                     else f"signing_secret: {slack.signing_secret}"
                 ),
                 api_url=slack.api_url,
-                reviewers=f"{lead.id}, {second.id}",
+                reviewers=leads.id if group else f"{lead.id}, {second.id}",
                 required=required,
                 post_to=f"post_to: [{channel.id}]" if room else "",
             )
@@ -444,3 +446,20 @@ async def test_the_manifest_grants_what_the_bot_calls_and_no_more(
     assert needed <= granted
     # Nothing granted that no method of the bot needs (groups:read: private channels' members).
     assert granted <= {scope for scope in SCOPES.values() if scope} | {"groups:read"}
+
+
+async def test_a_user_group_gets_one_message_per_member_and_its_members_decide(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async with slack_bot(tmp_path, monkeypatch, group=True) as bot:
+        approval_id = await bot.start()
+        [theirs] = await bot.posted(bot.second)
+        [message] = await bot.posted(bot.lead)
+        await asyncio.sleep(0.3)  # a repeat, if any, would arrive meanwhile
+        assert len(await bot.posted(bot.lead)) == len(await bot.posted(bot.second)) == 1
+        assert bot.slack.calls_to("usergroups.users.list")
+        await bot.click(theirs, "nodbot.approve", bot.second)  # a member of the group
+        record = await bot.record(approval_id)
+        assert record.decision is not None and record.decision.decided_by == bot.second.id
+        await bot.until(lambda: message.updates)
+        assert actions_of(message) == []
