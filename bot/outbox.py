@@ -62,9 +62,8 @@ class Channel(Protocol):
         ...
 
     async def deliver(self, delivery: Delivery, record: ApprovalRecord) -> dict[str, Any] | None:
-        """Deliver; returns what to keep about it (kept as the delivery's `ref`). A ref with
-        the key `expanded` says the delivery made new ones (through `store.announce`), due
-        at once. Raises `DeliveryError`."""
+        """Deliver; returns what to keep about it (kept as the delivery's `ref`). Raises
+        `DeliveryError`."""
         ...
 
     async def close(self) -> None:
@@ -114,7 +113,6 @@ class Dispatcher:
         self.counters = counters if counters is not None else {}
         """Deliveries sent and failed by this process, for /metrics."""
         self.counters.update(deliveries_sent=0, deliveries_failed=0)
-        self._expanded = False
 
     async def step(self) -> int:
         """Announce what is new, then deliver what is due; how many were delivered."""
@@ -124,10 +122,7 @@ class Dispatcher:
         while claimed := await self.store.claim_deliveries(
             worker=self.worker, lease=self.lease, limit=DELIVERY_BATCH
         ):
-            self._expanded = False
             delivered += sum(await asyncio.gather(*(self._deliver(d) for d in claimed)))
-            if len(claimed) < DELIVERY_BATCH and not self._expanded:
-                break  # nothing else was due, and no delivery made new ones
         return delivered
 
     async def announce(self) -> int:
@@ -170,8 +165,6 @@ class Dispatcher:
             except Exception as exc:
                 log.exception("delivery %s to %s failed", delivery.delivery_id, delivery.target)
                 return await self._failed(delivery, DeliveryError(f"{type(exc).__name__}: {exc}"))
-            if ref and "expanded" in ref:
-                self._expanded = True  # it made deliveries of its own: they are due now
             try:
                 await self.store.delivered(delivery.delivery_id, worker=self.worker, ref=ref)
             except DeliveryLost as exc:
