@@ -28,7 +28,15 @@ from core import (
 )
 from core.store import utc_now
 
-__all__ = ["Channel", "DeliveryError", "Dispatcher", "Moment", "OutboxStore", "backoff"]
+__all__ = [
+    "Channel",
+    "DeliveryError",
+    "Dispatcher",
+    "Moment",
+    "OutboxStore",
+    "backoff",
+    "retry_after",
+]
 
 log = logging.getLogger(__name__)
 
@@ -50,11 +58,21 @@ class DeliveryError(Exception):
         self.retry_after = retry_after
 
 
+def retry_after(value: object) -> float | None:
+    """The seconds of a `Retry-After` header (None when absent or not a number)."""
+    try:
+        return max(0.0, float(str(value))) if value is not None else None
+    except ValueError:
+        return None
+
+
 class Channel(Protocol):
     """Somewhere reviews are told: webhooks here; Slack and email plug in the same way."""
 
     name: str
     """The channel part of its targets (`webhook` in `webhook:ops`)."""
+    answers: bool
+    """Whether it tells a finished run's answer (asked only of channels that do)."""
 
     def targets(self, record: ApprovalRecord, stage: Moment) -> list[NewDelivery]:
         """The deliveries this channel wants for the review at this moment: it opened
@@ -139,9 +157,12 @@ class Dispatcher:
 
     async def answer(self, run_id: str) -> int:
         """Make the deliveries of a finished run's answer, for each of its reviews."""
+        answering = [c for c in self.channels.values() if c.answers]
+        if not answering:
+            return 0  # no read of the run's reviews for nothing
         made = 0
         for record in await self.store.list(run_id=run_id):
-            wanted = [d for c in self.channels.values() for d in c.targets(record, "answer")]
+            wanted = [d for c in answering for d in c.targets(record, "answer")]
             if wanted:
                 made += len(await self.store.announce(record.approval_id, None, wanted))
         return made

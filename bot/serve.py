@@ -70,7 +70,7 @@ async def serving(
         if config.slack is not None:
             slack_channel = SlackChannel(config.slack, store, registry)
             channels.append(slack_channel)
-        service = BotService(config, store, agents, channels=channels)
+        service = BotService(config, store, agents, channels=channels, registry=registry)
         slack = None
         if config.slack is not None and slack_channel is not None:
             slack = SlackReviews(config.slack, slack_channel, on_decided=service.decided)

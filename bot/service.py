@@ -70,6 +70,7 @@ class BotService:
         *,
         channels: Sequence[Channel] = (),
         worker: str | None = None,
+        registry: ToolRegistry | None = None,
     ) -> None:
         self.config = config
         self.store = store
@@ -77,7 +78,10 @@ class BotService:
         self.worker = worker or f"{socket.gethostname()}:{os.getpid()}"
         self.poll = config.workers.poll
         self.lease = float(config.workers.lease)
-        self.registry = ToolRegistry.merged(agent.tools for agent in self.agents.values())
+        # Every agent's tools (`registry`, when the caller has merged them already).
+        if registry is None:
+            registry = ToolRegistry.merged(agent.tools for agent in self.agents.values())
+        self.registry = registry
         self._executors: dict[str, Executor] = {
             name: rules_executor(agent.tools, config, store) for name, agent in agents.items()
         }

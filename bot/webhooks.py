@@ -33,7 +33,7 @@ import httpx
 
 from bot.config import Webhook, WebhookEvent
 from bot.http.schemas import ApprovalView
-from bot.outbox import DeliveryError, Moment
+from bot.outbox import DeliveryError, Moment, retry_after
 from core import ApprovalRecord, Delivery, NewDelivery, __version__
 
 __all__ = ["SIGNATURE_VERSION", "InvalidSignature", "WebhookChannel", "sign", "verify_signature"]
@@ -91,6 +91,7 @@ class WebhookChannel:
     """Delivers the configured webhooks' events."""
 
     name = "webhook"
+    answers = False
 
     def __init__(self, hooks: Sequence[Webhook], *, client: httpx.AsyncClient | None = None):
         self.hooks = {hook.name: hook for hook in hooks}
@@ -145,16 +146,8 @@ class WebhookChannel:
             return {"status": answer.status_code}
         reason = f"HTTP {answer.status_code} from {hook.url}"
         if answer.status_code in _RETRIED or answer.status_code >= 500:
-            raise DeliveryError(reason, retry_after=_retry_after(answer))
+            raise DeliveryError(reason, retry_after=retry_after(answer.headers.get("retry-after")))
         raise DeliveryError(reason, permanent=True)
 
     async def close(self) -> None:
         await self._client.aclose()
-
-
-def _retry_after(answer: httpx.Response) -> float | None:
-    value = answer.headers.get("retry-after", "")
-    try:
-        return max(0.0, float(value))
-    except ValueError:
-        return None

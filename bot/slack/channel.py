@@ -33,7 +33,7 @@ from slack_sdk.web.async_client import AsyncWebClient
 
 from bot.config import SlackConfig, parse_reviewer
 from bot.config.values import Reviewer
-from bot.outbox import DeliveryError, Moment, OutboxStore
+from bot.outbox import DeliveryError, Moment, OutboxStore, retry_after
 from bot.slack.directory import Directory
 from bot.slack.messages import (
     Rendered,
@@ -44,7 +44,7 @@ from bot.slack.messages import (
 )
 from core import ApprovalRecord, Delivery, NewDelivery, ToolRegistry
 
-__all__ = ["MESSAGES_TARGET", "SlackChannel", "places", "slack_client"]
+__all__ = ["MESSAGES_TARGET", "SlackChannel", "messages_of", "places", "slack_client"]
 
 log = logging.getLogger(__name__)
 
@@ -116,6 +116,7 @@ class SlackChannel:
     """Posts and updates the reviews' Slack messages (see the module's docstring)."""
 
     name = "slack"
+    answers = True
 
     def __init__(
         self,
@@ -206,26 +207,28 @@ class SlackChannel:
             )
         return {"messages": [message]}
 
-    async def _update_all(self, record: ApprovalRecord) -> dict[str, Any]:
-        posted = [
+    async def posts(self, approval_id: str) -> list[Delivery]:
+        """The review's request deliveries of this channel (`messages_of` their refs)."""
+        return [
             d
-            for d in await self.store.deliveries(record.approval_id)
+            for d in await self.store.deliveries(approval_id)
             if d.channel == self.name and d.kind in ("request", "escalation")
         ]
-        if any(d.status == "due" for d in posted if d.due_at <= (record.decided_at or d.due_at)):
+
+    async def _update_all(self, record: ApprovalRecord) -> dict[str, Any]:
+        posts = await self.posts(record.approval_id)
+        messages = [message for d in posts for message in messages_of(d.ref)]
+        if any(d.status == "due" for d in posts if d.due_at <= (record.decided_at or d.due_at)):
             raise DeliveryError("a request of this review is not posted yet", retry_after=1)
         rendered = decided_message(record)
-        updated = 0
-        for d in posted:
-            for message in _messages(d.ref):
-                await self.client.chat_update(
-                    channel=message["channel"],
-                    ts=message["ts"],
-                    text=rendered.text,
-                    blocks=rendered.blocks,
-                )
-                updated += 1
-        return {"updated": updated}
+        for message in messages:
+            await self.client.chat_update(
+                channel=message["channel"],
+                ts=message["ts"],
+                text=rendered.text,
+                blocks=rendered.blocks,
+            )
+        return {"updated": len(messages)}
 
     async def _answer(self, record: ApprovalRecord) -> dict[str, Any]:
         """The run's final answer, in the thread of each message of the review."""
@@ -234,20 +237,17 @@ class SlackChannel:
         if run is None or run.final_text is None:
             return {"skipped": "the run has no answer"}
         text = answer_text(run.final_text)
-        replies = 0
-        for d in await self.store.deliveries(record.approval_id):
-            if d.channel != self.name or d.kind not in ("request", "escalation"):
-                continue
-            for message in _messages(d.ref):
-                await self.client.chat_postMessage(
-                    channel=message["channel"],
-                    thread_ts=message["ts"],
-                    text=text,
-                    unfurl_links=False,
-                    unfurl_media=False,
-                )
-                replies += 1
-        return {"replies": replies}
+        posts = await self.posts(record.approval_id)
+        messages = [message for d in posts for message in messages_of(d.ref)]
+        for message in messages:
+            await self.client.chat_postMessage(
+                channel=message["channel"],
+                thread_ts=message["ts"],
+                text=text,
+                unfurl_links=False,
+                unfurl_media=False,
+            )
+        return {"replies": len(messages)}
 
     def render(self, record: ApprovalRecord) -> Rendered:
         """The message of the review as it stands: the request, or the decided message."""
@@ -268,7 +268,8 @@ class SlackChannel:
         return None
 
 
-def _messages(ref: Mapping[str, Any] | None) -> list[dict[str, str]]:
+def messages_of(ref: Mapping[str, Any] | None) -> list[dict[str, str]]:
+    """The messages (`{"channel", "ts"}`) a request delivery's ref says it posted."""
     if not ref:
         return []
     found = ref.get("messages")
@@ -279,10 +280,7 @@ def _delivery_error(exc: SlackApiError) -> DeliveryError:
     response = exc.response
     error = str(response.get("error") or f"HTTP {response.status_code}")
     if response.status_code == 429:
-        retry_after = response.headers.get("retry-after") or response.headers.get("Retry-After")
-        try:
-            wait = float(retry_after) if retry_after is not None else None
-        except (TypeError, ValueError):
-            wait = None
+        headers = {key.lower(): value for key, value in response.headers.items()}
+        wait = retry_after(headers.get("retry-after"))
         return DeliveryError(f"Slack: {error}", retry_after=wait)
     return DeliveryError(f"Slack: {error}", permanent=error in PERMANENT_ERRORS)

@@ -26,7 +26,7 @@ from bot.config import SlackConfig, parse_reviewer
 from bot.config.values import Reviewer
 from bot.forms import FIELD_PREFIX, EditField, edit_fields, parse_edit
 from bot.policy import SELF_APPROVAL_REASON, authorize_by_rules
-from bot.slack.channel import SlackChannel
+from bot.slack.channel import SlackChannel, messages_of
 from bot.slack.messages import (
     ACTION_APPROVE,
     ACTION_DENY,
@@ -290,10 +290,9 @@ class SlackReviews:
     async def _posted_channels(self, record: ApprovalRecord, reviewer: str) -> set[str]:
         """The channel ids the review was posted to for a channel reviewer (#name or id)."""
         found = {reviewer} if not reviewer.startswith("#") else set()
-        for delivery in await self.store.deliveries(record.approval_id):
-            if delivery.target == f"slack:channel:{reviewer}" and delivery.ref:
-                for message in delivery.ref.get("messages") or []:
-                    found.add(str(message.get("channel")))
+        for delivery in await self.channel.posts(record.approval_id):
+            if delivery.target == f"slack:channel:{reviewer}":
+                found.update(message["channel"] for message in messages_of(delivery.ref))
         return found
 
     async def _email(self, user: str) -> str | None:

@@ -50,11 +50,15 @@ def _qualified(table: str, names: tuple[str, ...] = COLUMN_NAMES) -> str:
 _EVENTS = "INSERT INTO events (approval_id, kind, at, actor, channel, detail)"
 _SELECT_ONE = f"SELECT {COLUMNS} FROM approvals WHERE approval_id = $1"
 
+_NEW_COLUMNS = (
+    "approval_id, run_id, call_id, tool, arguments, digest, requested_by, status, created_at, "
+    "deadline, on_timeout, policy, approvals_required"
+)
+"""The columns a new record is inserted with: $1-$9 and $11-$14 of `_new_arguments`."""
+
 _CREATE = f"""
 WITH inserted AS (
-    INSERT INTO approvals (approval_id, run_id, call_id, tool, arguments, digest,
-                           requested_by, status, created_at, deadline, on_timeout, policy,
-                           approvals_required)
+    INSERT INTO approvals ({_NEW_COLUMNS})
     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $11, $12, $13, $14)
     ON CONFLICT (run_id, call_id) WHERE finished_at IS NULL DO NOTHING
     RETURNING {COLUMNS}
@@ -81,9 +85,7 @@ WITH taken AS (
       AND decided_at IS NOT NULL AND consumed_at IS NULL AND tool = $4 AND digest = $6
     RETURNING {COLUMNS}
 ), inserted AS (
-    INSERT INTO approvals (approval_id, run_id, call_id, tool, arguments, digest,
-                           requested_by, status, created_at, deadline, on_timeout, policy,
-                           approvals_required)
+    INSERT INTO approvals ({_NEW_COLUMNS})
     SELECT $1::text, $2::text, $3::text, $4::text, $5::text, $6::text, $7::text, $8::text,
            $9::timestamptz, $11::timestamptz, $12::text, $13::text, $14::integer
     WHERE NOT EXISTS (SELECT 1 FROM taken)
@@ -257,6 +259,15 @@ WHERE seq = $1 AND claimed_by = $2 AND status = 'due'
 RETURNING {DELIVERY_COLUMNS}"""
 
 
+def _new_arguments(row: Row, event_at: datetime) -> tuple[Any, ...]:
+    """$1-$14 of `_CREATE` and `_CLAIM`: the new record's values, $10 the event's time."""
+    return (
+        row["approval_id"], row["run_id"], row["call_id"], row["tool"], row["arguments"],
+        row["digest"], row["requested_by"], row["status"], row["created_at"], event_at,
+        row["deadline"], row["on_timeout"], row["policy"], row["approvals_required"],
+    )  # fmt: skip
+
+
 def _row(record: asyncpg.Record | None) -> Row | None:
     return None if record is None else dict(record)
 
@@ -294,11 +305,7 @@ class PostgresBackend:
         return _row(await self._pool.fetchrow(query, *arguments))
 
     async def create(self, row: Row, event_at: datetime) -> Row:
-        arguments = (
-            row["approval_id"], row["run_id"], row["call_id"], row["tool"], row["arguments"],
-            row["digest"], row["requested_by"], row["status"], row["created_at"], event_at,
-            row["deadline"], row["on_timeout"], row["policy"], row["approvals_required"],
-        )  # fmt: skip
+        arguments = _new_arguments(row, event_at)
         # One statement inserts the record, or returns the active one when the insert met
         # it. An active record committed after the statement's snapshot is not visible to
         # it: then it is read on its own (and should it have finished since, insert again).
@@ -317,12 +324,7 @@ class PostgresBackend:
         actor: str | None,
     ) -> Claimed:
         row = new_row()
-        arguments = (
-            row["approval_id"], row["run_id"], row["call_id"], row["tool"], row["arguments"],
-            row["digest"], row["requested_by"], row["status"], row["created_at"], event_at,
-            row["deadline"], row["on_timeout"], row["policy"], row["approvals_required"],
-            actor, detail("outcome", "denied"),
-        )  # fmt: skip
+        arguments = (*_new_arguments(row, event_at), actor, detail("outcome", "denied"))
         found = await self._pool.fetchrow(_CLAIM, *arguments)
         while found is None:
             # The active record was made by a transaction that ended after this statement's
