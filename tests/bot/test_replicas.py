@@ -1,6 +1,7 @@
 """Two bots on one PostgreSQL database: every run is resumed by one of them, each refund
 runs once, whichever bot started the run and whichever recorded the decision, and each
-review is posted (to a webhook) once when it opens and once when it is decided."""
+review is posted (to a webhook) once when it opens and once when it is decided. The two
+bots are `nodbot serve` processes."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import pytest
 from bot.serve import serving
 from core import Decision, SqlApprovalStore
 from tests.bot import ledger_agent
+from tests.bot.processes import nodbot_serve
 from tests.bot.webhook_receiver import SECRET, receiving
 from tests.support import postgres_database
 
@@ -51,11 +53,8 @@ async def statuses(client: httpx.AsyncClient, run_ids: list[str]) -> list[str]:
 
 
 @pytest.mark.postgres
-async def test_two_replicas_resume_each_run_once(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.chdir(ROOT)
-    ledger_agent.RUNS.clear()
+async def test_two_replicas_resume_each_run_once(tmp_path: Path) -> None:
+    ledger = tmp_path / "ledger.txt"  # both bots' refunds, one line each
     async with (
         postgres_database() as url,
         receiving() as receiver,
@@ -63,7 +62,9 @@ async def test_two_replicas_resume_each_run_once(
     ):
         bots = [
             await stack.enter_async_context(
-                serving(str(config(tmp_path, url, name, hook=receiver.url)))
+                nodbot_serve(
+                    config(tmp_path, url, name, hook=receiver.url), NODBOT_TEST_LEDGER=str(ledger)
+                )
             )
             for name in ("a", "b")
         ]
@@ -97,7 +98,9 @@ async def test_two_replicas_resume_each_run_once(
             posted = [r.body["approval"]["approval_id"] for r in receiver.events(event)]
             assert sorted(posted) == sorted(approvals), event
         assert all(r.signed for r in receiver.received)
-    assert sorted(ledger_agent.RUNS) == sorted((f"o-{n}", float(n + 1)) for n in range(RUNS))
+    assert sorted(ledger.read_text().splitlines()) == sorted(
+        f"o-{n} {float(n + 1)}" for n in range(RUNS)
+    )
 
 
 @pytest.mark.postgres

@@ -15,7 +15,7 @@ from typing import Any
 import httpx
 import pytest
 
-from bot.serve import Served, serving
+from tests.bot.processes import Running, nodbot_serve
 from tests.bot.test_cli import nodbot
 from tests.bot.webhook_receiver import SECRET as RECEIVER_SECRET
 from tests.bot.webhook_receiver import receiving
@@ -122,20 +122,17 @@ async def approve_flow(client: httpx.AsyncClient) -> None:
 
 
 @pytest.fixture
-async def served(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[Served]:
-    for name, value in TOKENS.items():
-        monkeypatch.setenv(name, value)
-    monkeypatch.chdir(ROOT)  # where examples.support_agent is found
-    async with serving(str(config(tmp_path))) as bot:
+async def served(tmp_path: Path) -> AsyncIterator[Running]:
+    async with nodbot_serve(config(tmp_path), **TOKENS) as bot:
         yield bot
 
 
-async def test_a_run_waits_for_the_decision_then_finishes(served: Served) -> None:
+async def test_a_run_waits_for_the_decision_then_finishes(served: Running) -> None:
     async with httpx.AsyncClient(base_url=served.url) as client:
         await approve_flow(client)
 
 
-async def test_runs_need_the_runs_write_scope_and_a_known_agent(served: Served) -> None:
+async def test_runs_need_the_runs_write_scope_and_a_known_agent(served: Running) -> None:
     async with httpx.AsyncClient(base_url=served.url) as client:
         body = {"agent": "support", "input": "hi"}
         refused = await client.post("/runs", json=body, headers=as_("lead"))
@@ -148,7 +145,7 @@ async def test_runs_need_the_runs_write_scope_and_a_known_agent(served: Served) 
         assert missing.status_code == 404
 
 
-async def test_the_requester_may_not_approve_the_runs_calls(served: Served) -> None:
+async def test_the_requester_may_not_approve_the_runs_calls(served: Running) -> None:
     async with httpx.AsyncClient(base_url=served.url) as client:
         started = await client.post(
             "/runs",
@@ -259,15 +256,10 @@ def test_a_review_nobody_decides_times_out_into_a_denial_in_nodbot_serve(tmp_pat
                 process.kill()
 
 
-async def test_a_review_that_needs_two_approvals_waits_for_both(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    for name, value in TOKENS.items():
-        monkeypatch.setenv(name, value)
-    monkeypatch.chdir(ROOT)
+async def test_a_review_that_needs_two_approvals_waits_for_both(tmp_path: Path) -> None:
     review = "    reviewers: [U0123LEADS, U0777OTHER]\n    approvals_required: 2"
     async with (
-        serving(str(config(tmp_path, review))) as bot,
+        nodbot_serve(config(tmp_path, review), **TOKENS) as bot,
         httpx.AsyncClient(base_url=bot.url) as client,
     ):
         body = {"agent": "support", "input": "Refund", "requested_by": "U0999CAROL"}
@@ -298,7 +290,7 @@ def refs(node: object) -> set[str]:
     return set()
 
 
-async def test_the_openapi_document_describes_every_route(served: Served) -> None:
+async def test_the_openapi_document_describes_every_route(served: Running) -> None:
     async with httpx.AsyncClient(base_url=served.url) as client:
         document = (await client.get("/openapi.json")).json()
     assert document["openapi"] == "3.1.0"
@@ -317,7 +309,7 @@ async def test_the_openapi_document_describes_every_route(served: Served) -> Non
     assert set(decide["responses"]) == {"200", "401", "403", "404", "409", "422"}
 
 
-async def test_metrics_count_approvals_runs_and_decisions(served: Served) -> None:
+async def test_metrics_count_approvals_runs_and_decisions(served: Running) -> None:
     async with httpx.AsyncClient(base_url=served.url) as client:
         await approve_flow(client)
         answer = await client.get("/metrics")
@@ -331,12 +323,7 @@ async def test_metrics_count_approvals_runs_and_decisions(served: Served) -> Non
     assert "# TYPE nodbot_decisions_total counter" in lines
 
 
-async def test_an_escalation_is_announced_and_lets_its_reviewers_decide(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    for name, value in TOKENS.items():
-        monkeypatch.setenv(name, value)
-    monkeypatch.chdir(ROOT)
+async def test_an_escalation_is_announced_and_lets_its_reviewers_decide(tmp_path: Path) -> None:
     async with receiving() as receiver:
         review = f"""    reviewers: [U0123LEADS]
     escalate_after: 1s
@@ -344,7 +331,10 @@ async def test_an_escalation_is_announced_and_lets_its_reviewers_decide(
 webhooks:
   - {{name: ops, url: "{receiver.url}", secret: {RECEIVER_SECRET}}}"""
         path = config(tmp_path, review)
-        async with serving(str(path)) as bot, httpx.AsyncClient(base_url=bot.url) as client:
+        async with (
+            nodbot_serve(path, **TOKENS) as bot,
+            httpx.AsyncClient(base_url=bot.url) as client,
+        ):
             started = await client.post(
                 "/runs",
                 json={"agent": "support", "input": "Refund order A-1001"},
@@ -370,7 +360,7 @@ webhooks:
             assert decided_by == "U0777OTHER"
 
 
-async def test_a_client_can_wait_for_a_run_without_polling(served: Served) -> None:
+async def test_a_client_can_wait_for_a_run_without_polling(served: Running) -> None:
     async with httpx.AsyncClient(base_url=served.url) as client:
         body = {"agent": "support", "input": "Refund order A-1001"}
         run = (await client.post("/runs", json=body, headers=as_("ana"))).json()
