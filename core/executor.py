@@ -32,7 +32,7 @@ from core.errors import (
 )
 from core.ports import NO_PORT_REASON, ApprovalPort, Decided, DeferredApproval, Waiting
 from core.rules import InterruptRule, should_interrupt
-from core.store import ApprovalRecord, ApprovalRequest
+from core.store import ApprovalRecord, ApprovalRequest, Evidence
 from core.tools import Tool, ToolRegistry, ValidatedArguments, arguments_digest
 
 __all__ = ["Executor"]
@@ -99,9 +99,13 @@ class Executor:
         *,
         decided_by: str | None = None,
         channel: str | None = None,
+        person: str | None = None,
+        evidence: Evidence | None = None,
     ) -> ApprovalRecord:
         """Record a reviewer's answer (any form `as_decision` takes) on a stored approval, as
         that reviewer's vote: it decides at once unless the review needs several approvals.
+        `person` is who the reviewer's handle resolved to (votes are distinct by it) and
+        `evidence` what the channel knows of the act; both go into the audit log.
 
         An edit is merged and validated with the tool's model first; an invalid one raises
         `InvalidArgumentsError` and nothing is recorded. Raises `ApprovalNotFound`,
@@ -118,7 +122,9 @@ class Executor:
             tool = self.registry.get(record.request.tool)
             merged = merge_edit(record.request.arguments, decision.edited_args)
             tool.validate(merged, source="edited arguments")
-        return await store.vote(approval_id, decision, channel=channel)
+        return await store.vote(
+            approval_id, decision, channel=channel, person=person, evidence=evidence
+        )
 
     async def needs_review(self, tool: Tool, call: ToolCall, ctx: ToolContext) -> bool:
         """Whether the call must wait for a decision. A rule that raises means yes."""

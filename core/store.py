@@ -22,7 +22,7 @@ Every change, and every refused attempt, appends an `ApprovalEvent`; none is cha
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any, Literal, Protocol, TypeAlias, runtime_checkable
@@ -51,9 +51,15 @@ __all__ = [
     "ApprovalStore",
     "Claim",
     "ClaimOutcome",
+    "DecisionAction",
     "EventKind",
+    "Evidence",
     "MemoryApprovalStore",
+    "action_of",
     "check_vote",
+    "decided_person",
+    "decision_detail",
+    "refusal_detail",
     "tally",
     "timeout_decision",
 ]
@@ -64,6 +70,10 @@ EventKind: TypeAlias = Literal[
 ]
 Clock: TypeAlias = Callable[[], datetime]
 ClaimOutcome: TypeAlias = Literal["pending", "mismatch", "taken", "in_use"]
+DecisionAction: TypeAlias = Literal["approve", "edit", "deny"]
+Evidence: TypeAlias = Mapping[str, Any]
+"""What a channel knows of who acted (JSON values): Slack `{"user", "team", "action_ts"}`,
+the web inbox `{"session"}`, the API `{"token"}`, the command line `{"os_user"}`."""
 
 CONCURRENT_USE_REASON = "approval already used by a concurrent request"
 """The reason given to a call that lost the race for a decision."""
@@ -113,6 +123,53 @@ def timeout_decision(on_timeout: str) -> Decision:
     return Decision(
         approved=on_timeout == "approve", reason=TIMEOUT_REASON, decided_by=TIMEOUT_DECIDER
     )
+
+
+def action_of(decision: Decision) -> DecisionAction:
+    """What the reviewer did: `approve`, `edit` (approve with changed arguments) or `deny`."""
+    if not decision.approved:
+        return "deny"
+    return "approve" if decision.edited_args is None else "edit"
+
+
+def decision_detail(
+    decision: Decision,
+    *,
+    digest: str,
+    status: ApprovalStatus | None = None,
+    evidence: Evidence | None = None,
+    voters: Sequence[str] | None = None,
+) -> dict[str, Any]:
+    """The detail of a `voted` event (no `status`) or a `decided` one: the action, reason and
+    edit, the digest of the arguments the decision is bound to, the channel's evidence (left
+    out when there is none) and, for a review that needs several approvals, its voters."""
+    found: dict[str, Any] = {
+        "action": action_of(decision),
+        "reason": decision.reason,
+        "edited_args": decision.edited_args,
+        "digest": digest,
+    }
+    if status is not None:
+        found["status"] = status
+    if evidence is not None:
+        found["evidence"] = dict(evidence)
+    if voters is not None:
+        found["voters"] = list(voters)
+    return found
+
+
+def decided_person(outcome: Decision, required: int, person: str | None) -> str | None:
+    """The person the `decided` event of a vote names: the voter's, unless the decision is
+    several approvers' (their keys are then the detail's `voters`)."""
+    return None if required > 1 and outcome.approved else person
+
+
+def refusal_detail(reason: str, evidence: Evidence | None = None) -> dict[str, Any]:
+    """The detail of a `refused` event: why, and the channel's evidence (if any)."""
+    found: dict[str, Any] = {"reason": reason}
+    if evidence is not None:
+        found["evidence"] = dict(evidence)
+    return found
 
 
 def utc_now() -> datetime:
@@ -212,7 +269,12 @@ class ApprovalEvent:
     channel: str | None = None
     """Through which channel: `api`, `slack`, `email`, `web`, `executor`, ..."""
     detail: dict[str, Any] = field(default_factory=dict)
-    """For `refused`: `{"reason": ...}`; for `decided`: the outcome; for `finished`: the outcome."""
+    """For `voted` and `decided`: `decision_detail` (`{"action", "reason", "edited_args",
+    "digest", "evidence"}`, and `status` for `decided`); for `refused`: `refusal_detail`
+    (`{"reason", "evidence"}`); for `finished`: `{"outcome"}`."""
+    person: str | None = None
+    """The person the actor's handle resolved to (`person:ana`, `email:ana@example.com`,
+    `slack:U0123`), when the channel resolved one; `actor` keeps the handle used."""
 
 
 _Records: TypeAlias = list[ApprovalRecord]
@@ -253,17 +315,32 @@ class ApprovalStore(Protocol):
         ...
 
     async def decide(
-        self, approval_id: str, decision: Decision, *, channel: str | None = None
+        self,
+        approval_id: str,
+        decision: Decision,
+        *,
+        channel: str | None = None,
+        person: str | None = None,
+        evidence: Evidence | None = None,
     ) -> ApprovalRecord:
-        """Record the decision. Raises `ApprovalNotFound`, `ApprovalAlreadyDecided`."""
+        """Record the decision (its `decided` event names `person`, the person the decider's
+        handle resolved to, and keeps the channel's `evidence`). Raises `ApprovalNotFound`,
+        `ApprovalAlreadyDecided`."""
         ...
 
     async def vote(
-        self, approval_id: str, decision: Decision, *, channel: str | None = None
+        self,
+        approval_id: str,
+        decision: Decision,
+        *,
+        channel: str | None = None,
+        person: str | None = None,
+        evidence: Evidence | None = None,
     ) -> ApprovalRecord:
-        """Record one reviewer's vote (`decision.decided_by` votes). A deny decides at once;
-        approvals decide once `approvals_required` distinct reviewers approved. With one
-        approval required, a vote is a decision.
+        """Record one reviewer's vote (`decision.decided_by` votes, as `person` when given).
+        A deny decides at once; approvals decide once `approvals_required` distinct reviewers
+        approved: distinct by `person` when given, else by `decided_by`, so one person voting
+        under two handles is refused. With one approval required, a vote is a decision.
 
         Raises `ApprovalNotFound`, `ApprovalAlreadyDecided`, `ApprovalAlreadyVoted`,
         `InvalidDecisionError`.
@@ -271,7 +348,14 @@ class ApprovalStore(Protocol):
         ...
 
     async def refuse(
-        self, approval_id: str, *, actor: str | None, channel: str | None, reason: str
+        self,
+        approval_id: str,
+        *,
+        actor: str | None,
+        channel: str | None,
+        reason: str,
+        person: str | None = None,
+        evidence: Evidence | None = None,
     ) -> None:
         """Record an attempt that a channel refused before it reached the store (a click by
         someone who is not a reviewer, say) as a `refused` event. Raises `ApprovalNotFound`."""
@@ -312,7 +396,7 @@ class MemoryApprovalStore:
         self._active: dict[tuple[str, str], str] = {}
         self._newest: dict[tuple[str, str], str] = {}
         self._events: _Events = []
-        self._votes: dict[str, list[Decision]] = {}
+        self._votes: dict[str, list[tuple[str, Decision]]] = {}  # (voter, vote)
 
     async def create(self, request: ApprovalRequest) -> ApprovalRecord:
         with self._lock:
@@ -360,69 +444,106 @@ class MemoryApprovalStore:
         return found if limit is None else found[:limit]
 
     async def decide(
-        self, approval_id: str, decision: Decision, *, channel: str | None = None
+        self,
+        approval_id: str,
+        decision: Decision,
+        *,
+        channel: str | None = None,
+        person: str | None = None,
+        evidence: Evidence | None = None,
     ) -> ApprovalRecord:
         with self._lock:
             record = self._get(approval_id)
             if record.decision is not None:
-                self._refuse(approval_id, "already decided", decision.decided_by, channel)
+                self._refuse(
+                    approval_id, "already decided", decision.decided_by, channel, person, evidence
+                )
                 raise ApprovalAlreadyDecided(
                     approval_id=approval_id, decided_by=record.decision.decided_by
                 )
             record = replace(record, decision=decision, decided_at=self._clock())
             self._records[approval_id] = record
+            detail = decision_detail(
+                decision, digest=record.request.digest, status=record.status, evidence=evidence
+            )
             self._log(
                 approval_id,
                 "decided",
                 actor=decision.decided_by,
                 channel=channel,
-                detail={"status": record.status},
+                detail=detail,
+                person=person,
             )
             return record
 
     async def vote(
-        self, approval_id: str, decision: Decision, *, channel: str | None = None
+        self,
+        approval_id: str,
+        decision: Decision,
+        *,
+        channel: str | None = None,
+        person: str | None = None,
+        evidence: Evidence | None = None,
     ) -> ApprovalRecord:
         with self._lock:
             record = self._get(approval_id)
-            voter = check_vote(decision, record.request.approvals_required)
+            required = record.request.approvals_required
+            voter = check_vote(decision, required)
             if record.decision is not None:
-                self._refuse(approval_id, "already decided", voter, channel)
+                self._refuse(approval_id, "already decided", voter, channel, person, evidence)
                 raise ApprovalAlreadyDecided(
                     approval_id=approval_id, decided_by=record.decision.decided_by
                 )
             votes = self._votes.setdefault(approval_id, [])
-            if any(vote.decided_by == voter for vote in votes):
-                self._refuse(approval_id, ALREADY_VOTED, voter, channel)
-                raise ApprovalAlreadyVoted(approval_id=approval_id, voter=voter)
-            votes.append(decision)
+            key = person or voter
+            if any(earlier == key for earlier, _ in votes):
+                self._refuse(approval_id, ALREADY_VOTED, voter, channel, person, evidence)
+                raise ApprovalAlreadyVoted(approval_id=approval_id, voter=key)
+            votes.append((key, decision))
+            digest = record.request.digest
             self._log(
                 approval_id,
                 "voted",
                 actor=voter,
                 channel=channel,
-                detail={"approved": decision.approved},
+                detail=decision_detail(decision, digest=digest, evidence=evidence),
+                person=person,
             )
-            outcome = tally(votes, record.request.approvals_required)
+            outcome = tally([vote for _, vote in votes], required)
             if outcome is None:
                 return record
             record = replace(record, decision=outcome, decided_at=self._clock())
             self._records[approval_id] = record
+            detail = decision_detail(
+                outcome,
+                digest=digest,
+                status=record.status,
+                evidence=evidence,
+                voters=[key for key, _ in votes] if required > 1 else None,
+            )
             self._log(
                 approval_id,
                 "decided",
                 actor=outcome.decided_by,
                 channel=channel,
-                detail={"status": record.status},
+                detail=detail,
+                person=decided_person(outcome, required, person),
             )
             return record
 
     async def refuse(
-        self, approval_id: str, *, actor: str | None, channel: str | None, reason: str
+        self,
+        approval_id: str,
+        *,
+        actor: str | None,
+        channel: str | None,
+        reason: str,
+        person: str | None = None,
+        evidence: Evidence | None = None,
     ) -> None:
         with self._lock:
             self._get(approval_id)
-            self._refuse(approval_id, reason, actor, channel)
+            self._refuse(approval_id, reason, actor, channel, person, evidence)
 
     async def consume(self, approval_id: str, *, actor: str | None = None) -> ApprovalRecord:
         with self._lock:
@@ -473,12 +594,15 @@ class MemoryApprovalStore:
                 decision = timeout_decision(record.request.on_timeout)
                 record = replace(record, decision=decision, decided_at=now)
                 self._records[record.approval_id] = record
+                detail = decision_detail(
+                    decision, digest=record.request.digest, status=record.status
+                )
                 self._log(
                     record.approval_id,
                     "decided",
                     actor=TIMEOUT_DECIDER,
                     channel="timer",
-                    detail={"status": record.status},
+                    detail=detail,
                 )
                 expired.append(record)
         return expired
@@ -517,9 +641,18 @@ class MemoryApprovalStore:
         return replace(record, finished_at=now, outcome=outcome)
 
     def _refuse(
-        self, approval_id: str, reason: str, actor: str | None, channel: str | None
+        self,
+        approval_id: str,
+        reason: str,
+        actor: str | None,
+        channel: str | None,
+        person: str | None = None,
+        evidence: Evidence | None = None,
     ) -> None:
-        self._log(approval_id, "refused", actor=actor, channel=channel, detail={"reason": reason})
+        detail = refusal_detail(reason, evidence)
+        self._log(
+            approval_id, "refused", actor=actor, channel=channel, detail=detail, person=person
+        )
 
     def _log(
         self,
@@ -529,6 +662,7 @@ class MemoryApprovalStore:
         actor: str | None = None,
         channel: str | None = None,
         detail: dict[str, Any] | None = None,
+        person: str | None = None,
     ) -> None:
         event = ApprovalEvent(
             seq=len(self._events) + 1,
@@ -538,5 +672,6 @@ class MemoryApprovalStore:
             actor=actor,
             channel=channel,
             detail=detail or {},
+            person=person,
         )
         self._events.append(event)

@@ -9,31 +9,44 @@ records and errors. The rules for which events an operation appends live here, o
 from __future__ import annotations
 
 import functools
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Literal, Protocol, TypeAlias
+from typing import Any, Literal, NamedTuple, Protocol, TypeAlias
 
-from core.store import CONCURRENT_USE_REASON, ApprovalRequest
+from core.decisions import Decision
+from core.store import (
+    CONCURRENT_USE_REASON,
+    ApprovalRequest,
+    ApprovalStatus,
+    Evidence,
+    check_vote,
+    decided_person,
+    decision_detail,
+    refusal_detail,
+    tally,
+    timeout_decision,
+)
 from core.tools import canonical_json
 
 __all__ = [
     "ALREADY_DECIDED",
     "COLUMNS",
     "COLUMN_NAMES",
-    "DECIDE_REFUSAL",
     "DELIVERY_COLUMNS",
     "DELIVERY_COLUMN_NAMES",
     "NOT_DECIDED",
     "RUN_COLUMNS",
     "RUN_COLUMN_NAMES",
     "STAGES",
+    "Act",
     "Backend",
     "Change",
     "Claimed",
+    "Counted",
+    "DigestBound",
     "EventRow",
     "EventValues",
-    "Outcome",
     "Row",
     "VoteResult",
     "claim_step",
@@ -41,7 +54,8 @@ __all__ = [
     "consumed_events",
     "delivered_event",
     "detail",
-    "detail_flag",
+    "digest_bound",
+    "timeout_detail",
     "undelivered_event",
 ]
 
@@ -105,10 +119,25 @@ STAGES = {"request": 1, "outcome": 2}
 """The `announced` value of each stage."""
 
 
+Row: TypeAlias = dict[str, Any]
+"""One `approvals` row: column name to value, timestamps as aware UTC datetimes."""
+
+
+class EventValues(NamedTuple):
+    """An event to append (its time is the operation's, its chain link the backend's)."""
+
+    kind: str
+    actor: str | None
+    channel: str | None
+    detail: str
+    """A JSON object."""
+    person: str | None = None
+
+
 def delivered_event(row: Row, worker: str) -> EventValues:
     """The event of a delivery made: who delivered it, through which channel, what."""
     channel = row["target"].partition(":")[0]
-    return (
+    return EventValues(
         "delivered",
         worker,
         channel,
@@ -120,25 +149,11 @@ def undelivered_event(row: Row, worker: str, error: str) -> EventValues:
     """The event of a delivery given up."""
     channel = row["target"].partition(":")[0]
     detail = {"kind": row["kind"], "target": row["target"], "error": error}
-    return ("undelivered", worker, channel, canonical_json(detail))
+    return EventValues("undelivered", worker, channel, canonical_json(detail))
 
-
-Row: TypeAlias = dict[str, Any]
-"""One `approvals` row: column name to value, timestamps as aware UTC datetimes."""
-EventValues: TypeAlias = tuple[str, str | None, str | None, str]
-"""An event to append: kind, actor, channel, detail (a JSON object)."""
 
 ALREADY_DECIDED = "already decided"
 NOT_DECIDED = "not decided"
-
-
-DECIDE_REFUSAL = canonical_json({"reason": ALREADY_DECIDED})
-"""The detail of a refused decide: the first decision won."""
-
-
-def detail_flag(approved: bool) -> str:
-    """The detail of a `voted` event."""
-    return '{"approved":true}' if approved else '{"approved":false}'
 
 
 def consume_refusal(existing: Row) -> str:
@@ -155,14 +170,119 @@ def detail(key: str, value: str) -> str:
 
 def consumed_events(row: Row, actor: str | None) -> list[EventValues]:
     """The events of a consume: `consumed`, and `finished` for a denial."""
-    events: list[EventValues] = [("consumed", actor, "executor", "{}")]
+    events = [EventValues("consumed", actor, "executor", "{}")]
     if row["status"] == "denied":
-        events.append(("finished", None, "executor", detail("outcome", "denied")))
+        events.append(EventValues("finished", None, "executor", detail("outcome", "denied")))
     return events
 
 
-Outcome: TypeAlias = Callable[[list[str], int], "tuple[str, str, str | None] | None"]
-"""(the votes as JSON, approvals required) -> (decision JSON, status, decided_by) or None."""
+@dataclass(frozen=True)
+class DigestBound:
+    """A detail whose `digest` only the database knows (it is the review's): the JSON text
+    before the digest and after it, for a statement that splices the digest in."""
+
+    before: str
+    after: str
+
+    def text(self, digest: str) -> str:
+        """The detail with `digest` in its place."""
+        return self.before + digest + self.after
+
+
+_DIGEST_SLOT = '"digest":""'
+
+
+def digest_bound(fields: dict[str, Any]) -> DigestBound:
+    """`fields` (a `decision_detail`) as a `DigestBound`. Keys are sorted and only `action`
+    (approve, edit or deny) comes before `digest`, so the first slot found is the digest's."""
+    text = canonical_json({**fields, "digest": ""})
+    cut = text.index(_DIGEST_SLOT) + len(_DIGEST_SLOT) - 1
+    return DigestBound(text[:cut], text[cut:])
+
+
+@functools.cache
+def timeout_detail(on_timeout: str) -> DigestBound:
+    """The detail of the `decided` event of a review that timed out with `on_timeout`."""
+    decision = timeout_decision(on_timeout)
+    status: ApprovalStatus = "approved" if decision.approved else "denied"
+    return digest_bound(decision_detail(decision, digest="", status=status))
+
+
+class Counted(NamedTuple):
+    """The decision the votes made: its JSON, the review's status, its `decided` event."""
+
+    decision: str
+    status: str
+    event: EventValues
+
+
+@dataclass(frozen=True)
+class Act:
+    """A reviewer's decision or vote as the backends record it: the decision, through which
+    channel, by whom (`person`, the handle's person), and the channel's evidence."""
+
+    decision: Decision
+    channel: str | None = None
+    person: str | None = None
+    evidence: Evidence | None = None
+
+    @property
+    def status(self) -> ApprovalStatus:
+        """The status the decision gives a review."""
+        return "approved" if self.decision.approved else "denied"
+
+    @property
+    def voter(self) -> str:
+        """What votes are distinct by: the person, else the handle (`decided_by`)."""
+        return self.person or self.decision.decided_by or ""
+
+    def refused(self, reason: str, actor: str | None) -> EventValues:
+        """The `refused` event of this act."""
+        text = canonical_json(refusal_detail(reason, self.evidence))
+        return EventValues("refused", actor, self.channel, text, self.person)
+
+    def decided(self) -> DigestBound:
+        """The detail of the `decided` event of `decide`, but for the digest."""
+        return digest_bound(
+            decision_detail(self.decision, digest="", status=self.status, evidence=self.evidence)
+        )
+
+    def decided_event(self, digest: str) -> EventValues:
+        """The `decided` event of `decide`."""
+        text = self.decided().text(digest)
+        return EventValues("decided", self.decision.decided_by, self.channel, text, self.person)
+
+    def voted_event(self, digest: str) -> EventValues:
+        """The `voted` event of this vote."""
+        fields = decision_detail(self.decision, digest=digest, evidence=self.evidence)
+        actor = self.decision.decided_by or ""
+        return EventValues("voted", actor, self.channel, canonical_json(fields), self.person)
+
+    def count(self, earlier: Sequence[str], voters: Sequence[str], row: Row) -> Counted | None:
+        """The decision this vote and the `earlier` votes (Decisions as JSON) make on the
+        review `row`, or None yet; `voters` are every voter, this one last.
+
+        Raises `InvalidDecisionError` for a vote `check_vote` refuses: inside the
+        transaction, which then records nothing."""
+        required = row["approvals_required"]
+        check_vote(self.decision, required)
+        votes = [Decision.model_validate_json(ballot) for ballot in earlier]
+        outcome = tally([*votes, self.decision], required)
+        if outcome is None:
+            return None
+        status: ApprovalStatus = "approved" if outcome.approved else "denied"
+        fields = decision_detail(
+            outcome,
+            digest=row["digest"],
+            status=status,
+            evidence=self.evidence,
+            voters=voters if required > 1 else None,
+        )
+        person = decided_person(outcome, required, self.person)
+        event = EventValues(
+            "decided", outcome.decided_by, self.channel, canonical_json(fields), person
+        )
+        return Counted(outcome.model_dump_json(), status, event)
 
 
 @dataclass(frozen=True)
@@ -216,6 +336,7 @@ class EventRow:
     actor: str | None
     channel: str | None
     detail: str
+    person: str | None
 
 
 class Backend(Protocol):
@@ -225,10 +346,8 @@ class Backend(Protocol):
         """Insert `row` unless the call has an active record; return the active record."""
         ...
 
-    async def refuse(
-        self, approval_id: str, at: datetime, actor: str | None, channel: str | None, reason: str
-    ) -> bool:
-        """Append a `refused` event; False when there is no such approval."""
+    async def refuse(self, approval_id: str, at: datetime, event: EventValues) -> bool:
+        """Append the `refused` event; False when there is no such approval."""
         ...
 
     async def claim(
@@ -257,31 +376,16 @@ class Backend(Protocol):
         """Rows in creation order, or newest first."""
         ...
 
-    async def decide(
-        self,
-        approval_id: str,
-        decision: str,
-        status: str,
-        at: datetime,
-        actor: str | None,
-        channel: str | None,
-    ) -> Change:
-        """Record the decision (JSON) if there is none yet."""
+    async def decide(self, approval_id: str, act: Act, at: datetime) -> Change:
+        """Record the decision if there is none yet, with its `decided` event
+        (`act.decided_event`); else append `act.refused(ALREADY_DECIDED, ...)`."""
         ...
 
-    async def vote(
-        self,
-        approval_id: str,
-        voter: str,
-        vote: tuple[str, bool],
-        at: datetime,
-        channel: str | None,
-        outcome: Outcome,
-    ) -> VoteResult:
+    async def vote(self, approval_id: str, act: Act, at: datetime) -> VoteResult:
         """In one transaction: refuse a vote on a decided approval or a second vote of the
-        same voter (logging `refused`), else record the vote (its Decision as JSON, and
-        whether it approves) with a `voted` event and, when `outcome` of all the votes is a
-        decision, record that (`decided`)."""
+        same voter (`act.voter`; logging `refused`), else record the vote (its Decision as
+        JSON) with a `voted` event and, when `act.count` of all the votes is a decision,
+        record that (`decided`)."""
         ...
 
     async def consume(self, approval_id: str, at: datetime, actor: str | None) -> Change:

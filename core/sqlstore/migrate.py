@@ -33,12 +33,14 @@ _PG_LOCK_KEY = 0x6E6F64626F74
 # more than half a second, which every `import core` would otherwise pay.
 
 
-def _config(connection: Connection | None = None) -> Config:
+def _config(connection: Connection | None = None, audit_key: str | None = None) -> Config:
     from alembic.config import Config
 
     config = Config()
     config.set_main_option("script_location", str(MIGRATIONS))
     config.attributes["connection"] = connection
+    # 0007 chains the events already there, with the key the store's new events get.
+    config.attributes["audit_key"] = audit_key
     return config
 
 
@@ -51,8 +53,11 @@ def head_revision() -> str:
     return head
 
 
-async def ensure_schema(engine: AsyncEngine, url: URL, *, auto_migrate: bool) -> None:
-    """Make sure the database has this nodbot's schema. Raises `StoreSchemaError`, or
+async def ensure_schema(
+    engine: AsyncEngine, url: URL, *, auto_migrate: bool, audit_key: str | None = None
+) -> None:
+    """Make sure the database has this nodbot's schema; an upgrade chains the events already
+    there with `audit_key` (see `core.audit`). Raises `StoreSchemaError`, or
     `StoreUnavailableError` when the database cannot be used at all."""
     with translate_errors(url):
         async with write_transaction(engine) as connection:
@@ -60,16 +65,18 @@ async def ensure_schema(engine: AsyncEngine, url: URL, *, auto_migrate: bool) ->
                 await connection.execute(
                     text("SELECT pg_advisory_xact_lock(:key)"), {"key": _PG_LOCK_KEY}
                 )
-            await connection.run_sync(_check_and_upgrade, redact(url), auto_migrate)
+            await connection.run_sync(_check_and_upgrade, redact(url), auto_migrate, audit_key)
 
 
-def _check_and_upgrade(connection: Connection, shown_url: str, auto_migrate: bool) -> None:
+def _check_and_upgrade(
+    connection: Connection, shown_url: str, auto_migrate: bool, audit_key: str | None
+) -> None:
     from alembic import command
     from alembic.runtime.migration import MigrationContext
     from alembic.script import ScriptDirectory
     from alembic.util import CommandError
 
-    config = _config(connection)
+    config = _config(connection, audit_key)
     scripts = ScriptDirectory.from_config(config)
     head = scripts.get_current_head()
     current = MigrationContext.configure(connection).get_current_revision()

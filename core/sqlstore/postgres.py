@@ -15,26 +15,27 @@ from typing import Any
 
 import asyncpg
 
+from core.audit import FORMAT, hmac_pads
 from core.sqlstore.backend import (
     ALREADY_DECIDED,
     COLUMN_NAMES,
     COLUMNS,
-    DECIDE_REFUSAL,
     DELIVERY_COLUMN_NAMES,
     DELIVERY_COLUMNS,
     NOT_DECIDED,
     RUN_COLUMN_NAMES,
     RUN_COLUMNS,
+    Act,
     Change,
     Claimed,
     EventRow,
-    Outcome,
+    EventValues,
     Row,
     VoteResult,
     claim_step,
     delivered_event,
     detail,
-    detail_flag,
+    timeout_detail,
     undelivered_event,
 )
 from core.store import ALREADY_VOTED, CONCURRENT_USE_REASON, TIMEOUT_DECIDER, ApprovalRequest
@@ -47,7 +48,8 @@ def _qualified(table: str, names: tuple[str, ...] = COLUMN_NAMES) -> str:
     return ", ".join(f"{table}.{name}" for name in names)
 
 
-_EVENTS = "INSERT INTO events (approval_id, kind, at, actor, channel, detail)"
+# The chain (n, prev, hash) is filled in by the events_chain trigger (migration 0007).
+_EVENTS = "INSERT INTO events (approval_id, kind, at, actor, channel, detail, person)"
 _SELECT_ONE = f"SELECT {COLUMNS} FROM approvals WHERE approval_id = $1"
 
 _NEW_COLUMNS = (
@@ -64,7 +66,8 @@ WITH inserted AS (
     RETURNING {COLUMNS}
 ), logged AS (
     {_EVENTS}
-    SELECT approval_id, 'created', $10::timestamptz, requested_by, NULL, '{{}}' FROM inserted
+    SELECT approval_id, 'created', $10::timestamptz, requested_by, NULL, '{{}}', NULL
+    FROM inserted
 )
 SELECT {COLUMNS} FROM inserted
 UNION ALL
@@ -93,12 +96,14 @@ WITH taken AS (
     RETURNING {COLUMNS}
 ), logged AS (
     {_EVENTS}
-    SELECT approval_id, 'created', $10::timestamptz, requested_by, NULL, '{{}}' FROM inserted
+    SELECT approval_id, 'created', $10::timestamptz, requested_by, NULL, '{{}}', NULL
+    FROM inserted
     UNION ALL
-    SELECT approval_id, 'consumed', $10::timestamptz, $15::text, 'executor', '{{}}' FROM taken
+    SELECT approval_id, 'consumed', $10::timestamptz, $15::text, 'executor', '{{}}', NULL
+    FROM taken
     UNION ALL
-    SELECT approval_id, 'finished', $10::timestamptz, NULL, 'executor', $16::text FROM taken
-    WHERE status = 'denied'
+    SELECT approval_id, 'finished', $10::timestamptz, NULL, 'executor', $16::text, NULL
+    FROM taken WHERE status = 'denied'
 )
 SELECT 'taken' AS claimed, {COLUMNS} FROM taken
 UNION ALL
@@ -126,7 +131,9 @@ WITH changed AS (
     RETURNING {COLUMNS}
 ), logged AS (
     {_EVENTS}
-    SELECT approval_id, 'decided', $4::timestamptz, $5::text, $6::text, $7::text FROM changed
+    SELECT approval_id, 'decided', $4::timestamptz, $5::text, $6::text,
+           $7::text || digest || $8::text, $9::text
+    FROM changed
 )
 SELECT {COLUMNS} FROM changed {_NOTIFY}"""
 
@@ -140,10 +147,11 @@ WITH changed AS (
     RETURNING {COLUMNS}
 ), logged AS (
     {_EVENTS}
-    SELECT approval_id, 'consumed', $2::timestamptz, $3::text, 'executor', '{{}}' FROM changed
+    SELECT approval_id, 'consumed', $2::timestamptz, $3::text, 'executor', '{{}}', NULL
+    FROM changed
     UNION ALL
-    SELECT approval_id, 'finished', $2::timestamptz, NULL, 'executor', $4::text FROM changed
-    WHERE status = 'denied'
+    SELECT approval_id, 'finished', $2::timestamptz, NULL, 'executor', $4::text, NULL
+    FROM changed WHERE status = 'denied'
 )
 SELECT {COLUMNS} FROM changed"""
 
@@ -154,7 +162,8 @@ WITH changed AS (
     RETURNING {COLUMNS}
 ), logged AS (
     {_EVENTS}
-    SELECT approval_id, 'finished', $2::timestamptz, NULL, 'executor', $4::text FROM changed
+    SELECT approval_id, 'finished', $2::timestamptz, NULL, 'executor', $4::text, NULL
+    FROM changed
 )
 SELECT {COLUMNS} FROM changed"""
 
@@ -163,7 +172,7 @@ _REFUSE = f"""
 WITH existing AS ({_SELECT_ONE}), logged AS (
     {_EVENTS}
     SELECT approval_id, 'refused', $2::timestamptz, $3::text, $4::text,
-           CASE WHEN decided_at IS NULL THEN $5::text ELSE $6::text END
+           CASE WHEN decided_at IS NULL THEN $5::text ELSE $6::text END, $7::text
     FROM existing
 )
 SELECT {COLUMNS} FROM existing"""
@@ -193,7 +202,9 @@ WITH picked AS (
 ), logged AS (
     {_EVENTS}
     SELECT approval_id, 'decided', $3::timestamptz, $5::text, 'timer',
-           '{{"status":"' || status || '"}}'
+           CASE WHEN on_timeout = 'approve' THEN $6::text || digest || $7::text
+                ELSE $8::text || digest || $9::text END,
+           NULL
     FROM changed
 )
 SELECT {COLUMNS} FROM changed {_NOTIFY}"""
@@ -268,6 +279,17 @@ def _new_arguments(row: Row, event_at: datetime) -> tuple[Any, ...]:
     )  # fmt: skip
 
 
+def chain_settings(audit_key: str | None) -> dict[str, str]:
+    """The settings of the store's sessions: `nodbot.audit` says their events are chained
+    (the events_chain trigger reads it) and, with an audit key, `nodbot.audit_ikey` and
+    `nodbot.audit_okey` carry the HMAC pads the trigger hashes with (see
+    `core.audit.hmac_pads`): the key itself never reaches the database."""
+    settings = {"nodbot.audit": FORMAT}
+    if audit_key:
+        settings["nodbot.audit_ikey"], settings["nodbot.audit_okey"] = hmac_pads(audit_key)
+    return settings
+
+
 def _row(record: asyncpg.Record | None) -> Row | None:
     return None if record is None else dict(record)
 
@@ -280,9 +302,16 @@ class PostgresBackend:
         self._dsn = dsn
 
     @classmethod
-    async def connect(cls, dsn: str) -> PostgresBackend:
-        """Open a small pool on `dsn` (a plain `postgresql://` URL)."""
-        pool = await asyncpg.create_pool(dsn, min_size=1, max_size=10, reset=_keep_session)
+    async def connect(cls, dsn: str, *, audit_key: str | None = None) -> PostgresBackend:
+        """Open a small pool on `dsn` (a plain `postgresql://` URL) whose sessions chain
+        their events (see `chain_settings`)."""
+        pool = await asyncpg.create_pool(
+            dsn,
+            min_size=1,
+            max_size=10,
+            reset=_keep_session,
+            server_settings=chain_settings(audit_key),
+        )
         return cls(pool, dsn)
 
     async def counts(self) -> dict[str, int]:
@@ -345,13 +374,11 @@ class PostgresBackend:
             return Claimed("taken", change.changed)
         return Claimed("in_use", change.existing or active)
 
-    async def refuse(
-        self, approval_id: str, at: datetime, actor: str | None, channel: str | None, reason: str
-    ) -> bool:
+    async def refuse(self, approval_id: str, at: datetime, event: EventValues) -> bool:
         inserted = await self._pool.fetchval(
             f"{_EVENTS} SELECT approval_id, 'refused', $2::timestamptz, $3::text, $4::text,"
-            " $5::text FROM approvals WHERE approval_id = $1 RETURNING 1",
-            approval_id, at, actor, channel, detail("reason", reason),
+            " $5::text, $6::text FROM approvals WHERE approval_id = $1 RETURNING 1",
+            approval_id, at, event.actor, event.channel, event.detail, event.person,
         )  # fmt: skip
         return inserted is not None
 
@@ -382,52 +409,35 @@ class PostgresBackend:
             query += f" LIMIT {int(limit)}"
         return [dict(record) for record in await self._pool.fetch(query, *arguments)]
 
-    async def decide(
-        self,
-        approval_id: str,
-        decision: str,
-        status: str,
-        at: datetime,
-        actor: str | None,
-        channel: str | None,
-    ) -> Change:
-        decided = detail("status", status)
+    async def decide(self, approval_id: str, act: Act, at: datetime) -> Change:
+        bound = act.decided()
+        decision, actor = act.decision.model_dump_json(), act.decision.decided_by
         changed = await self._one(
-            _DECIDE, approval_id, decision, status, at, actor, channel, decided
+            _DECIDE,
+            *(approval_id, decision, act.status, at, actor, act.channel),
+            *(bound.before, bound.after, act.person),
         )
         if changed is not None:
             return Change(changed, None)
+        refusal = act.refused(ALREADY_DECIDED, actor)
         existing = await self._one(
-            _REFUSE, approval_id, at, actor, channel, DECIDE_REFUSAL, DECIDE_REFUSAL
+            _REFUSE,
+            *(approval_id, at, actor, act.channel, refusal.detail, refusal.detail, act.person),
         )
         return Change(None, existing)
 
-    async def vote(
-        self,
-        approval_id: str,
-        voter: str,
-        vote: tuple[str, bool],
-        at: datetime,
-        channel: str | None,
-        outcome: Outcome,
-    ) -> VoteResult:
-        ballot, approved = vote
+    async def vote(self, approval_id: str, act: Act, at: datetime) -> VoteResult:
+        ballot, voter = act.decision.model_dump_json(), act.voter
+        actor = act.decision.decided_by or ""
 
         async def log(
-            connection: asyncpg.pool.PoolConnectionProxy[asyncpg.Record],
-            kind: str,
-            actor: str | None,
-            text: str,
+            connection: asyncpg.pool.PoolConnectionProxy[asyncpg.Record], event: EventValues
         ) -> None:
             await connection.execute(
-                f"{_EVENTS} VALUES ($1, $2, $3, $4, $5, $6)",
-                approval_id,
-                kind,
-                at,
-                actor,
-                channel,
-                text,
-            )
+                f"{_EVENTS} VALUES ($1, $2, $3, $4, $5, $6, $7)",
+                approval_id, event.kind, at, event.actor, event.channel, event.detail,
+                event.person,
+            )  # fmt: skip
 
         async with self._pool.acquire() as connection, connection.transaction():
             # The row lock makes voters of one approval take turns: each sees the votes before.
@@ -435,32 +445,31 @@ class PostgresBackend:
             if row is None:
                 return VoteResult("missing", None)
             if row["decision"] is not None:
-                await log(connection, "refused", voter, detail("reason", ALREADY_DECIDED))
+                await log(connection, act.refused(ALREADY_DECIDED, actor))
                 return VoteResult("decided_before", row)
             earlier = await connection.fetch(
                 "SELECT voter, decision FROM votes WHERE approval_id = $1 ORDER BY seq", approval_id
             )
             if any(found["voter"] == voter for found in earlier):
-                await log(connection, "refused", voter, detail("reason", ALREADY_VOTED))
+                await log(connection, act.refused(ALREADY_VOTED, actor))
                 return VoteResult("voted_before", row)
             await connection.execute(
                 "INSERT INTO votes (approval_id, voter, decision, at) VALUES ($1, $2, $3, $4)",
                 approval_id, voter, ballot, at,
             )  # fmt: skip
-            await log(connection, "voted", voter, detail_flag(approved))
-            ballots = [found["decision"] for found in earlier] + [ballot]
-            decided = outcome(ballots, row["approvals_required"])
-            if decided is None:
+            await log(connection, act.voted_event(row["digest"]))
+            voters = [found["voter"] for found in earlier] + [voter]
+            counted = act.count([found["decision"] for found in earlier], voters, row)
+            if counted is None:
                 return VoteResult("recorded", row)
-            decision, status, decided_by = decided
             changed = _row(
                 await connection.fetchrow(
                     "UPDATE approvals SET decision = $2, status = $3, decided_at = $4 "
                     f"WHERE approval_id = $1 RETURNING {COLUMNS}",
-                    *(approval_id, decision, status, at),
+                    *(approval_id, counted.decision, counted.status, at),
                 )
             )
-            await log(connection, "decided", decided_by, detail("status", status))
+            await log(connection, counted.event)
             await connection.execute("SELECT pg_notify($1, $2)", DECIDED_CHANNEL, row["run_id"])
             return VoteResult("decided", changed)
 
@@ -476,6 +485,7 @@ class PostgresBackend:
             "executor",
             detail("reason", NOT_DECIDED),
             detail("reason", CONCURRENT_USE_REASON),
+            None,
         )
         return Change(None, existing)
 
@@ -486,7 +496,7 @@ class PostgresBackend:
         return Change(None, await self.get(approval_id))
 
     async def event_rows(self, approval_id: str | None) -> list[EventRow]:
-        query = "SELECT seq, approval_id, kind, at, actor, channel, detail FROM events"
+        query = "SELECT seq, approval_id, kind, at, actor, channel, detail, person FROM events"
         arguments: tuple[str, ...] = ()
         if approval_id is not None:
             query += " WHERE approval_id = $1"
@@ -495,8 +505,11 @@ class PostgresBackend:
         return [EventRow(*record) for record in records]
 
     async def expire_due(self, at: datetime, decisions: dict[str, str], limit: int) -> list[Row]:
+        approve, deny = timeout_detail("approve"), timeout_detail("deny")
         records = await self._pool.fetch(
-            _EXPIRE, decisions["approve"], decisions["deny"], at, limit, TIMEOUT_DECIDER
+            _EXPIRE,
+            *(decisions["approve"], decisions["deny"], at, limit, TIMEOUT_DECIDER),
+            *(approve.before, approve.after, deny.before, deny.after),
         )
         return [dict(record) for record in records]
 
@@ -583,10 +596,10 @@ class PostgresBackend:
             elif changed["status"] == "failed":
                 event = undelivered_event(changed, worker, text or "")
             if event is not None:
-                kind_, actor, channel, text_ = event
                 await connection.execute(
-                    f"{_EVENTS} VALUES ($1, $2, $3, $4, $5, $6)",
-                    changed["approval_id"], kind_, at, actor, channel, text_,
+                    f"{_EVENTS} VALUES ($1, $2, $3, $4, $5, $6, $7)",
+                    changed["approval_id"], event.kind, at, event.actor, event.channel,
+                    event.detail, event.person,
                 )  # fmt: skip
         return Change(changed, None)
 

@@ -115,8 +115,15 @@ events = Table(
     Column("actor", String(255)),
     Column("channel", String(64)),
     Column("detail", Text, nullable=False),  # JSON object
+    Column("person", String(255)),  # who the actor's handle resolved to
+    # The review's hash chain (see core/audit.py): position, the previous event's hash, and
+    # this event's. NULL only in rows written outside nodbot, which `nodbot audit verify` reports.
+    Column("n", Integer),
+    Column("prev", String(64)),
+    Column("hash", String(64)),
 )
-Index("events_approval", events.c.approval_id, events.c.seq)
+# A review's chain in order: the last link read before each insert, and events(approval_id).
+Index("events_chain", events.c.approval_id, events.c.n, unique=True)
 
 runs = Table(
     "runs",

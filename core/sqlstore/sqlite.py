@@ -18,20 +18,20 @@ from collections.abc import Awaitable, Callable, Sequence
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
+from core.audit import EventHasher
 from core.sqlstore.backend import (
     ALREADY_DECIDED,
     COLUMN_NAMES,
     COLUMNS,
-    DECIDE_REFUSAL,
     DELIVERY_COLUMN_NAMES,
     DELIVERY_COLUMNS,
     RUN_COLUMN_NAMES,
     RUN_COLUMNS,
+    Act,
     Change,
     Claimed,
     EventRow,
     EventValues,
-    Outcome,
     Row,
     VoteResult,
     claim_step,
@@ -39,7 +39,7 @@ from core.sqlstore.backend import (
     consumed_events,
     delivered_event,
     detail,
-    detail_flag,
+    timeout_detail,
     undelivered_event,
 )
 from core.store import ALREADY_VOTED, TIMEOUT_DECIDER, ApprovalRequest
@@ -69,7 +69,12 @@ _INSERT = (
     f"ON CONFLICT (run_id, call_id) WHERE finished_at IS NULL DO NOTHING RETURNING {COLUMNS}"
 )
 _EVENT = (
-    "INSERT INTO events (approval_id, kind, at, actor, channel, detail) VALUES (?, ?, ?, ?, ?, ?)"
+    "INSERT INTO events (approval_id, kind, at, actor, person, channel, detail, n, prev, hash) "
+    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+)
+# The review's last link, through the events_chain index.
+_LAST_LINK = (
+    "SELECT n, hash FROM events WHERE approval_id = ? AND n IS NOT NULL ORDER BY n DESC LIMIT 1"
 )
 _SELECT_ONE = f"SELECT {COLUMNS} FROM approvals WHERE approval_id = ?"
 _SELECT_NEWEST = (
@@ -220,16 +225,8 @@ def _new_values(row: Row) -> tuple[Any, ...]:
     )
 
 
-def _created_event(row: Row, at: str) -> tuple[Any, ...]:
-    return (row["approval_id"], "created", at, row["requested_by"], None, "{}")
-
-
-def _insert(db: sqlite3.Connection, values: tuple[Any, ...], event: tuple[Any, ...]) -> Row | None:
-    """Insert a new record with its `created` event; None if the call has an active one."""
-    inserted = _row(db.execute(_INSERT, values).fetchone())
-    if inserted is not None:
-        db.execute(_EVENT, event)
-    return inserted
+def _created_event(row: Row) -> EventValues:
+    return EventValues("created", row["requested_by"], None, "{}")
 
 
 def _is_busy(error: sqlite3.OperationalError) -> bool:
@@ -239,12 +236,42 @@ def _is_busy(error: sqlite3.OperationalError) -> bool:
 class SqliteBackend:
     """Atomic store operations on one SQLite connection."""
 
-    def __init__(self, target: str, *, uri: bool, busy_timeout: float) -> None:
+    def __init__(self, target: str, *, uri: bool, busy_timeout: float, hasher: EventHasher) -> None:
         self._busy_timeout = busy_timeout
+        self._hasher = hasher
         self._db = sqlite3.connect(target, uri=uri, isolation_level=None, check_same_thread=False)
         self._db.row_factory = sqlite3.Row
         self._db.execute("PRAGMA busy_timeout = 0")  # waiting is done in _patiently
         self._db.execute("PRAGMA synchronous = NORMAL")
+
+    def _append(
+        self, db: sqlite3.Connection, approval_id: str, at: datetime, event: EventValues
+    ) -> None:
+        """Append one event, chained to the review's last (every event goes through here).
+        Called inside a write transaction, so no other writer can chain to the same link."""
+        last = db.execute(_LAST_LINK, (approval_id,)).fetchone()
+        n, prev = (1, None) if last is None else (last[0] + 1, last[1])
+        kind, actor, channel, text, person = event
+        digest = self._hasher.hash(
+            prev=prev,
+            n=n,
+            approval_id=approval_id,
+            kind=kind,
+            at=at,
+            actor=actor,
+            person=person,
+            channel=channel,
+            detail=text,
+        )
+        values = (approval_id, kind, _text(at), actor, person, channel, text, n, prev, digest)
+        db.execute(_EVENT, values)
+
+    def _insert(self, db: sqlite3.Connection, row: Row, at: datetime) -> Row | None:
+        """Insert a new record with its `created` event; None if the call has an active one."""
+        inserted = _row(db.execute(_INSERT, _new_values(row)).fetchone())
+        if inserted is not None:
+            self._append(db, row["approval_id"], at, _created_event(row))
+        return inserted
 
     async def _patiently(self, attempt: Callable[[], T]) -> T:
         """`attempt()`, retried after short sleeps while another process holds a lock that
@@ -282,10 +309,9 @@ class SqliteBackend:
         active = await self._fetch_one(_SELECT_ACTIVE, key)
         if active is not None:
             return active  # a resume: no write transaction needed
-        insert = _new_values(row), _created_event(row, _text(event_at))
 
         def work(db: sqlite3.Connection) -> Row:
-            inserted = _insert(db, *insert)
+            inserted = self._insert(db, row, event_at)
             # None: another process made the active record since the read above.
             return inserted or _row(db.execute(_SELECT_ACTIVE, key).fetchone()) or {}
 
@@ -309,35 +335,29 @@ class SqliteBackend:
                 db.execute(_TAKE, (now, now, *key, request.tool, request.digest)).fetchone()
             )
             if taken is not None:
-                approval_id = taken["approval_id"]
-                for kind, by, channel, detail in consumed_events(taken, actor):
-                    db.execute(_EVENT, (approval_id, kind, now, by, channel, detail))
+                for event in consumed_events(taken, actor):
+                    self._append(db, taken["approval_id"], event_at, event)
                 return Claimed("taken", taken)
-            row = new_row()
-            created = _insert(db, _new_values(row), _created_event(row, now))
+            created = self._insert(db, new_row(), event_at)
             if created is not None:
                 return Claimed("pending", created)
             active = _row(db.execute(_SELECT_ACTIVE, key).fetchone()) or {}
             step = claim_step(active, request)
             if step == "in_use":
-                refusal = ("refused", now, actor, "executor", consume_refusal(active))
-                db.execute(_EVENT, (active["approval_id"], *refusal))
+                refusal = EventValues("refused", actor, "executor", consume_refusal(active))
+                self._append(db, active["approval_id"], event_at, refusal)
             if step == "take":  # cannot be: the first statement would have taken it
                 raise AssertionError(f"approval {active['approval_id']} was not taken")
             return Claimed(step, active)
 
         return await self._transaction(work)
 
-    async def refuse(
-        self, approval_id: str, at: datetime, actor: str | None, channel: str | None, reason: str
-    ) -> bool:
-        event = (approval_id, "refused", _text(at), actor, channel, detail("reason", reason))
-
+    async def refuse(self, approval_id: str, at: datetime, event: EventValues) -> bool:
         def work(db: sqlite3.Connection) -> bool:
             if db.execute(
                 "SELECT 1 FROM approvals WHERE approval_id = ?", (approval_id,)
             ).fetchone():
-                db.execute(_EVENT, event)
+                self._append(db, approval_id, at, event)
                 return True
             return False
 
@@ -371,68 +391,47 @@ class SqliteBackend:
             query += f" LIMIT {int(limit)}"
         return [_row(found) or {} for found in await self._fetch_all(query, parameters)]
 
-    async def decide(
-        self,
-        approval_id: str,
-        decision: str,
-        status: str,
-        at: datetime,
-        actor: str | None,
-        channel: str | None,
-    ) -> Change:
+    async def decide(self, approval_id: str, act: Act, at: datetime) -> Change:
         return await self._update(
             approval_id,
             "decision = ?, status = ?, decided_at = ?",
             "decision IS NULL",
-            (decision, status, _text(at)),
-            lambda row: [("decided", actor, channel, detail("status", status))],
-            lambda row: (actor, channel, DECIDE_REFUSAL),
+            (act.decision.model_dump_json(), act.status, _text(at)),
+            lambda row: [act.decided_event(row["digest"])],
+            lambda row: act.refused(ALREADY_DECIDED, act.decision.decided_by),
             at,
         )
 
-    async def vote(
-        self,
-        approval_id: str,
-        voter: str,
-        vote: tuple[str, bool],
-        at: datetime,
-        channel: str | None,
-        outcome: Outcome,
-    ) -> VoteResult:
+    async def vote(self, approval_id: str, act: Act, at: datetime) -> VoteResult:
         now = _text(at)
-        ballot, approved = vote
-
-        def refuse(db: sqlite3.Connection, reason: str) -> None:
-            event = ("refused", now, voter, channel, detail("reason", reason))
-            db.execute(_EVENT, (approval_id, *event))
+        ballot, voter = act.decision.model_dump_json(), act.voter
+        actor = act.decision.decided_by or ""
 
         def work(db: sqlite3.Connection) -> VoteResult:
             row = _row(db.execute(_SELECT_ONE, (approval_id,)).fetchone())
             if row is None:
                 return VoteResult("missing", None)
             if row["decision"] is not None:
-                refuse(db, ALREADY_DECIDED)
+                self._append(db, approval_id, at, act.refused(ALREADY_DECIDED, actor))
                 return VoteResult("decided_before", row)
             earlier = db.execute(_VOTES, (approval_id,)).fetchall()
             if any(found[0] == voter for found in earlier):
-                refuse(db, ALREADY_VOTED)
+                self._append(db, approval_id, at, act.refused(ALREADY_VOTED, actor))
                 return VoteResult("voted_before", row)
             db.execute(_INSERT_VOTE, (approval_id, voter, ballot, now))
-            db.execute(_EVENT, (approval_id, "voted", now, voter, channel, detail_flag(approved)))
-            ballots = [found[1] for found in earlier] + [ballot]
-            decided = outcome(ballots, row["approvals_required"])
-            if decided is None:
+            self._append(db, approval_id, at, act.voted_event(row["digest"]))
+            voters = [found[0] for found in earlier] + [voter]
+            counted = act.count([found[1] for found in earlier], voters, row)
+            if counted is None:
                 return VoteResult("recorded", row)
-            decision, status, decided_by = decided
             changed = _row(
                 db.execute(
                     "UPDATE approvals SET decision = ?, status = ?, decided_at = ? "
                     f"WHERE approval_id = ? AND decision IS NULL RETURNING {COLUMNS}",
-                    (decision, status, now, approval_id),
+                    (counted.decision, counted.status, now, approval_id),
                 ).fetchone()
             )
-            event = ("decided", now, decided_by, channel, detail("status", status))
-            db.execute(_EVENT, (approval_id, *event))
+            self._append(db, approval_id, at, counted.event)
             return VoteResult("decided", changed)
 
         return await self._transaction(work)
@@ -445,7 +444,7 @@ class SqliteBackend:
             _CONSUME_WHERE,
             (now, now),
             lambda row: consumed_events(row, actor),
-            lambda row: (actor, "executor", consume_refusal(row)),
+            lambda row: EventValues("refused", actor, "executor", consume_refusal(row)),
             at,
         )
 
@@ -455,7 +454,7 @@ class SqliteBackend:
             "finished_at = ?, outcome = ?",
             "consumed_at IS NOT NULL AND finished_at IS NULL",
             (_text(at), outcome),
-            lambda row: [("finished", None, "executor", detail("outcome", outcome))],
+            lambda row: [EventValues("finished", None, "executor", detail("outcome", outcome))],
             lambda row: None,
             at,
         )
@@ -467,11 +466,11 @@ class SqliteBackend:
         condition: str,
         parameters: tuple[Any, ...],
         events: Callable[[Row], Sequence[EventValues]],
-        refusal: Callable[[Row], tuple[str | None, str | None, str] | None],
+        refusal: Callable[[Row], EventValues | None],
         at: datetime,
     ) -> Change:
         """Change the row if `condition` holds and append `events(row)`; otherwise append
-        the `refused` event `refusal(existing)` gives (actor, channel, detail), if any."""
+        the `refused` event `refusal(existing)` gives, if any."""
 
         def work(db: sqlite3.Connection) -> Change:
             changed = _row(
@@ -482,25 +481,25 @@ class SqliteBackend:
                 ).fetchone()
             )
             if changed is not None:
-                for kind, actor, channel, detail in events(changed):
-                    db.execute(_EVENT, (approval_id, kind, _text(at), actor, channel, detail))
+                for event in events(changed):
+                    self._append(db, approval_id, at, event)
                 return Change(changed, None)
             existing = _row(db.execute(_SELECT_ONE, (approval_id,)).fetchone())
             refused = refusal(existing) if existing is not None else None
             if refused is not None:
-                db.execute(_EVENT, (approval_id, "refused", _text(at), *refused))
+                self._append(db, approval_id, at, refused)
             return Change(None, existing)
 
         return await self._transaction(work)
 
     async def event_rows(self, approval_id: str | None) -> list[EventRow]:
-        query = "SELECT seq, approval_id, kind, at, actor, channel, detail FROM events"
+        query = "SELECT seq, approval_id, kind, at, actor, channel, detail, person FROM events"
         parameters: tuple[str, ...] = ()
         if approval_id is not None:
             query += " WHERE approval_id = ?"
             parameters = (approval_id,)
         rows = await self._fetch_all(query + " ORDER BY seq", parameters)
-        return [EventRow(r[0], r[1], r[2], _moment(r[3]), r[4], r[5], r[6]) for r in rows]
+        return [EventRow(r[0], r[1], r[2], _moment(r[3]), r[4], r[5], r[6], r[7]) for r in rows]
 
     async def expire_due(self, at: datetime, decisions: dict[str, str], limit: int) -> list[Row]:
         now = _text(at)
@@ -512,8 +511,9 @@ class SqliteBackend:
         def work(db: sqlite3.Connection) -> list[Row]:
             expired = [_row(found) or {} for found in db.execute(_EXPIRE, parameters).fetchall()]
             for row in expired:
-                event = ("decided", now, TIMEOUT_DECIDER, "timer", detail("status", row["status"]))
-                db.execute(_EVENT, (row["approval_id"], *event))
+                text = timeout_detail(row["on_timeout"]).text(row["digest"])
+                event = EventValues("decided", TIMEOUT_DECIDER, "timer", text)
+                self._append(db, row["approval_id"], at, event)
             return expired
 
         return await self._transaction(work)
@@ -644,7 +644,7 @@ class SqliteBackend:
             elif changed["status"] == "failed":
                 event = undelivered_event(changed, worker, text or "")
             if event is not None:
-                db.execute(_EVENT, (changed["approval_id"], event[0], now, *event[1:]))
+                self._append(db, changed["approval_id"], at, event)
             return Change(changed, None)
 
         return await self._transaction(work)

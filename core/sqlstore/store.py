@@ -23,6 +23,7 @@ from urllib.parse import urlencode
 from pydantic import TypeAdapter
 from sqlalchemy.engine import URL
 
+from core.audit import EventHasher
 from core.calls import new_id
 from core.decisions import Decision
 from core.errors import (
@@ -39,7 +40,7 @@ from core.errors import (
 from core.loop import Message
 from core.outbox import Announcement, Delivery, NewDelivery, Stage
 from core.runs import DEFAULT_LEASE, RunRecord, RunStatus
-from core.sqlstore.backend import STAGES, Backend, Change, Row
+from core.sqlstore.backend import STAGES, Act, Backend, Change, EventValues, Row
 from core.sqlstore.engine import (
     normalize_url,
     open_engine,
@@ -56,8 +57,8 @@ from core.store import (
     ApprovalStatus,
     Claim,
     EventKind,
-    check_vote,
-    tally,
+    Evidence,
+    refusal_detail,
     timeout_decision,
     utc_now,
 )
@@ -90,6 +91,11 @@ class SqlApprovalStore:
     process's write to finish (without blocking the event loop), then fails with
     `StoreUnavailableError`. Errors name the URL without its password. One store serves one event
     loop; use one store per process (they may share the database).
+
+    Every event is chained to the one before it in its review (`core.audit`): its hash is an
+    HMAC-SHA256 with `audit_key` when given, else a plain SHA-256, which anyone who can write
+    to the database can recompute. Every process writing to one database must use the same
+    key; `nodbot audit verify` checks the chains with it.
     """
 
     def __init__(
@@ -99,11 +105,13 @@ class SqlApprovalStore:
         auto_migrate: bool = True,
         lock_timeout: float = DEFAULT_LOCK_TIMEOUT,
         clock: Clock = utc_now,
+        audit_key: str | None = None,
     ) -> None:
         self.url = normalize_url(url)
         self.auto_migrate = auto_migrate
         self.lock_timeout = lock_timeout
         self._clock = clock
+        self._audit_key = audit_key or None
         self._backend: Backend | None = None
         self._opening = asyncio.Lock()
 
@@ -171,19 +179,18 @@ class SqlApprovalStore:
         return [_record(row) for row in rows]
 
     async def decide(
-        self, approval_id: str, decision: Decision, *, channel: str | None = None
+        self,
+        approval_id: str,
+        decision: Decision,
+        *,
+        channel: str | None = None,
+        person: str | None = None,
+        evidence: Evidence | None = None,
     ) -> ApprovalRecord:
         backend = await self._ready()
-        status = "approved" if decision.approved else "denied"
+        act = Act(decision, channel, person, evidence)
         with self._errors():
-            change = await backend.decide(
-                approval_id,
-                decision.model_dump_json(),
-                status,
-                self._clock(),
-                decision.decided_by,
-                channel,
-            )
+            change = await backend.decide(approval_id, act, self._clock())
         if change.changed is not None:
             return _record(change.changed)
         if change.existing is None:
@@ -194,15 +201,18 @@ class SqlApprovalStore:
         )
 
     async def vote(
-        self, approval_id: str, decision: Decision, *, channel: str | None = None
+        self,
+        approval_id: str,
+        decision: Decision,
+        *,
+        channel: str | None = None,
+        person: str | None = None,
+        evidence: Evidence | None = None,
     ) -> ApprovalRecord:
         backend = await self._ready()
-        voter = decision.decided_by or ""
+        act = Act(decision, channel, person, evidence)
         with self._errors():
-            ballot = (decision.model_dump_json(), decision.approved)
-            outcome = await backend.vote(
-                approval_id, voter, ballot, self._clock(), channel, _count_votes
-            )
+            outcome = await backend.vote(approval_id, act, self._clock())
         if outcome.row is None:
             raise ApprovalNotFound(approval_id=approval_id)
         record = _record(outcome.row)
@@ -210,15 +220,24 @@ class SqlApprovalStore:
             first = record.decision.decided_by if record.decision else None
             raise ApprovalAlreadyDecided(approval_id=approval_id, decided_by=first)
         if outcome.result == "voted_before":
-            raise ApprovalAlreadyVoted(approval_id=approval_id, voter=voter)
+            raise ApprovalAlreadyVoted(approval_id=approval_id, voter=act.voter)
         return record
 
     async def refuse(
-        self, approval_id: str, *, actor: str | None, channel: str | None, reason: str
+        self,
+        approval_id: str,
+        *,
+        actor: str | None,
+        channel: str | None,
+        reason: str,
+        person: str | None = None,
+        evidence: Evidence | None = None,
     ) -> None:
         backend = await self._ready()
+        detail = canonical_json(refusal_detail(reason, evidence))
+        event = EventValues("refused", actor, channel, detail, person)
         with self._errors():
-            found = await backend.refuse(approval_id, self._clock(), actor, channel, reason)
+            found = await backend.refuse(approval_id, self._clock(), event)
         if not found:
             raise ApprovalNotFound(approval_id=approval_id)
 
@@ -262,6 +281,7 @@ class SqlApprovalStore:
                 actor=row.actor,
                 channel=row.channel,
                 detail=json.loads(row.detail),
+                person=row.person,
             )
             for row in rows
         ]
@@ -449,15 +469,18 @@ class SqlApprovalStore:
     async def _connect(self) -> Backend:
         engine = open_engine(self.url)
         try:
-            await ensure_schema(engine, self.url, auto_migrate=self.auto_migrate)
+            await ensure_schema(
+                engine, self.url, auto_migrate=self.auto_migrate, audit_key=self._audit_key
+            )
         finally:
             await engine.dispose()
         with self._errors():
             if self.url.get_backend_name() == "sqlite":
                 target, uri = _sqlite_target(self.url)
-                return SqliteBackend(target, uri=uri, busy_timeout=self.lock_timeout)
+                hasher = EventHasher(self._audit_key)
+                return SqliteBackend(target, uri=uri, busy_timeout=self.lock_timeout, hasher=hasher)
             dsn = self.url.set(drivername="postgresql").render_as_string(hide_password=False)
-            return await PostgresBackend.connect(dsn)
+            return await PostgresBackend.connect(dsn, audit_key=self._audit_key)
 
     def _errors(self) -> translate_errors:
         return translate_errors(self.url)
@@ -470,20 +493,6 @@ def _sqlite_target(url: URL) -> tuple[str, bool]:
     if url.query.get("uri") in ("true", "1") or database.startswith("file:"):
         return (f"{database}?{urlencode(query, doseq=True)}" if query else database), True
     return database, False
-
-
-def _count_votes(ballots: list[str], required: int) -> tuple[str, str, str | None] | None:
-    """The decision the ballots make (see `tally`), as (JSON, status, decided_by), or None.
-
-    The last ballot is the new vote: an invalid one (`check_vote`) raises inside the
-    transaction, which then records nothing."""
-    votes = [Decision.model_validate_json(ballot) for ballot in ballots]
-    check_vote(votes[-1], required)
-    decision = tally(votes, required)
-    if decision is None:
-        return None
-    status = "approved" if decision.approved else "denied"
-    return decision.model_dump_json(), status, decision.decided_by
 
 
 def _changed_run(change: Change, run: RunRecord) -> Row:

@@ -342,8 +342,16 @@ async def test_expire_due_decides_overdue_reviews_with_their_timeout_decision(
     assert (event.actor, event.channel, event.detail) == (
         "nodbot:timeout",
         "timer",
-        {"status": "denied"},
+        {
+            "status": "denied",
+            "action": "deny",
+            "reason": "nobody decided before the deadline",
+            "edited_args": None,
+            "digest": late_deny.request.digest,
+        },
     )
+    [event] = [e for e in await store.events(late_approve.approval_id) if e.kind == "decided"]
+    assert (event.detail["status"], event.detail["action"]) == ("approved", "approve")
     assert await store.expire_due() == []  # nothing twice
 
 

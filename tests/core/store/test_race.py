@@ -19,6 +19,7 @@ import pytest
 
 from core import ToolResult
 from core.sqlstore import SqlApprovalStore
+from core.sqlstore.audit import verify
 from core.store import CONCURRENT_USE_REASON
 from tests.core.store.conftest import database_url
 from tests.core.store.workers import CALL, RUN_ID, Child, build_executor, children, read_lines
@@ -86,6 +87,8 @@ async def test_concurrent_resumes_from_many_processes_run_the_tool_once(
             record = await store.get(approval)
             events = await store.events(approval)
             everything = await store.list()
+        # Refusals from four processes at once still make one unbroken chain.
+        audit = await verify(url)
 
     pids = {str(racer.process.pid) for racer in racers}
     sent = read_lines(tool_file)
@@ -113,3 +116,5 @@ async def test_concurrent_resumes_from_many_processes_run_the_tool_once(
     assert finished.detail == {"outcome": "ok"}
     reasons = {event.detail["reason"] for event in events if event.kind == "refused"}
     assert reasons == {CONCURRENT_USE_REASON}
+    assert audit.ok, audit.problems
+    assert audit.summary() == f"ok: {len(events)} events in 1 review"
