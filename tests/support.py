@@ -1,11 +1,13 @@
-"""Helpers shared by tests: a fresh PostgreSQL database per test."""
+"""Helpers shared by tests: a fresh PostgreSQL database per test, and waiting for an outcome."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
+import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from urllib.parse import urlsplit, urlunsplit
 
 import pytest
@@ -40,3 +42,19 @@ async def postgres_database() -> AsyncIterator[str]:
     finally:
         await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
         await admin.close()
+
+
+async def eventually(
+    check: Callable[[], Awaitable[bool]], what: str, *, within: float = 10.0, every: float = 0.02
+) -> None:
+    """Until `check()` holds; an `AssertionError` naming `what` after `within` seconds.
+
+    For what happens after the answer to a request (a Slack click is handled after Bolt's
+    `ack`, a delivery after the run): wait for that outcome itself, not for a while, and not
+    for something that was true before (the record of a click exists before the click).
+    """
+    deadline = time.monotonic() + within
+    while not await check():
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"{what} did not happen within {within} s")
+        await asyncio.sleep(every)

@@ -9,7 +9,7 @@ import contextlib
 import json
 import re
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -20,12 +20,25 @@ import yaml
 
 from bot.policy import SELF_APPROVAL_REASON, rules_executor
 from bot.serve import Served, serving
-from core import ApprovalRecord, ToolCall
-from tests.fakes.slack import Message, SlackFake, User, interactive_request, slack_fake
+from core import ApprovalRecord, Delivery, ToolCall
+from tests.fakes.slack import (
+    Ephemeral,
+    Message,
+    SlackFake,
+    User,
+    View,
+    interactive_request,
+    slack_fake,
+)
+from tests.support import eventually
 
 ROOT = Path(__file__).resolve().parents[2]
 TOKEN = "token-of-api-000000"
 API = {"Authorization": f"Bearer {TOKEN}"}
+
+
+Event = tuple[str, str | None, str | None]
+"""An event of a review: its kind, actor and channel."""
 
 
 @dataclass
@@ -63,7 +76,7 @@ class Bot:
         def top() -> list[Message]:
             return [m for m in self.slack.messages(where) if m.thread_ts is None]
 
-        await self.slack.wait_until(lambda: len(top()) >= count, within=10)
+        await self.slack.wait_until(lambda: len(top()) >= count, 10, f"{count} message(s)")
         return top()
 
     async def send(self, payload: dict[str, Any], **overrides: Any) -> httpx.Response:
@@ -79,19 +92,55 @@ class Bot:
     async def record(self, approval_id: str) -> ApprovalRecord:
         return await self.served.service.store.get(approval_id)
 
-    async def until(self, check: Callable[[], Any], within: float = 10.0) -> None:
-        deadline = time.monotonic() + within
-        while not await _value(check()):
-            assert time.monotonic() < deadline, "the condition did not come true in time"
-            await asyncio.sleep(0.02)
+    async def decided(self, approval_id: str) -> ApprovalRecord:
+        """The record of `approval_id`, once it is decided."""
 
-    async def events(self, approval_id: str) -> list[tuple[str, str | None, str | None]]:
+        async def check() -> bool:
+            return (await self.record(approval_id)).decision is not None
+
+        await eventually(check, f"the decision of {approval_id}")
+        return await self.record(approval_id)
+
+    async def events(self, approval_id: str) -> list[Event]:
         found = await self.served.service.store.events(approval_id)
         return [(e.kind, e.actor, e.channel) for e in found]
 
+    async def logged(self, approval_id: str, count: int, *kinds: str) -> list[Event]:
+        """The review's events, once `count` of them are of `kinds`."""
 
-async def _value(value: Any) -> Any:
-    return await value if asyncio.iscoroutine(value) else value
+        async def check() -> bool:
+            return sum(kind in kinds for kind, _, _ in await self.events(approval_id)) >= count
+
+        await eventually(check, f"{count} {'/'.join(kinds)} event(s) of {approval_id}")
+        return await self.events(approval_id)
+
+    async def settled(self, approval_id: str) -> list[Delivery]:
+        """The review's deliveries, once none is due: nothing of them is tried again."""
+        store = self.served.service.store
+
+        async def check() -> bool:
+            found = await store.deliveries(approval_id)
+            return bool(found) and all(d.status != "due" for d in found)
+
+        await eventually(check, f"the deliveries of {approval_id}")
+        return await store.deliveries(approval_id)
+
+    async def told(self, count: int) -> list[Ephemeral]:
+        """The ephemeral messages the bot sent, once there are `count`."""
+        await self.slack.wait_until(
+            lambda: len(self.slack.ephemerals) >= count, 10, f"{count} ephemeral message(s)"
+        )
+        return list(self.slack.ephemerals)
+
+    async def modal(self, count: int = 1) -> View:
+        """The last modal the bot opened, once it opened `count`."""
+        await self.slack.wait_until(lambda: len(self.slack.views) >= count, 10, "views.open")
+        return self.slack.views[-1]
+
+    async def updated(self, message: Message) -> Message:
+        """`message`, once the bot updated it (chat.update)."""
+        await self.slack.wait_until(lambda: bool(message.updates), 10, f"an update of {message.ts}")
+        return message
 
 
 CONFIG = """
@@ -184,14 +233,13 @@ async def test_a_review_is_posted_to_each_reviewer_and_approved_with_a_click(bot
     approve = next(e for b in message.blocks if b["type"] == "actions" for e in b["elements"])
     assert "confirm" in approve  # refund is destructive: Approve asks first
     await bot.click(message, "nodbot.approve", bot.lead)
-    await bot.until(lambda: bot.record(approval_id))
-    record = await bot.record(approval_id)
+    record = await bot.decided(approval_id)
     assert record.decision is not None and record.decision.decided_by == bot.lead.id
     assert ("decided", bot.lead.id, "slack") in await bot.events(approval_id)
     # Both messages lose their buttons and say who approved.
     for user in (bot.lead, bot.second):
         [posted] = await bot.posted(user)
-        await bot.until(lambda posted=posted: posted.updates)
+        await bot.updated(posted)
         assert actions_of(posted) == []
         assert f"*Approved* by <@{bot.lead.id}>" in all_text(posted)
     run = (await bot.client.get(f"/runs/{record.request.run_id}?wait=10", headers=API)).json()
@@ -203,7 +251,7 @@ async def test_a_review_is_posted_to_each_reviewer_and_approved_with_a_click(bot
         def replies(posted: Message = posted, user: User = user) -> list[Message]:
             return [m for m in bot.slack.messages(user) if m.thread_ts == posted.ts]
 
-        await bot.slack.wait_until(replies, within=5)
+        await bot.slack.wait_until(lambda: bool(replies()), 10, "the answer in the thread")
         [reply] = replies()
         assert reply.text.startswith("The run finished.")
         assert run["final_text"][:40] in reply.text
@@ -213,8 +261,7 @@ async def test_an_edit_is_checked_in_the_modal_before_anything_is_recorded(bot: 
     approval_id = await bot.start()
     [message] = await bot.posted(bot.lead)
     await bot.click(message, "nodbot.edit", bot.lead)
-    await bot.slack.wait_until(lambda: bot.slack.views, within=5)
-    view = bot.slack.views[-1]
+    view = await bot.modal()
     assert [b["block_id"] for b in view.blocks if b["type"] == "input"] == ["arg.amount"]
     refused = await bot.send(bot.slack.submit(view, bot.lead, {"arg.amount": {"value": "lots"}}))
     assert refused.json() == {
@@ -224,6 +271,8 @@ async def test_an_edit_is_checked_in_the_modal_before_anything_is_recorded(bot: 
     assert (await bot.record(approval_id)).decision is None
     answer = await bot.send(bot.slack.submit(view, bot.lead, {"arg.amount": {"value": "100"}}))
     assert answer.status_code == 200 and not answer.content
+    # A submitted edit is acked once it is recorded (a refusal shows in the modal), so it
+    # is recorded by now: read at once, not waited for.
     record = await bot.record(approval_id)
     assert record.decision is not None and record.decision.edited_args == {"amount": 100}
     run = (await bot.client.get(f"/runs/{record.request.run_id}?wait=10", headers=API)).json()
@@ -234,15 +283,15 @@ async def test_a_denial_with_its_reason_reaches_the_model(bot: Bot) -> None:
     approval_id = await bot.start()
     [message] = await bot.posted(bot.lead)
     await bot.click(message, "nodbot.deny", bot.lead)
-    await bot.slack.wait_until(lambda: bot.slack.views, within=5)
-    view = bot.slack.views[-1]
+    view = await bot.modal()
     reason = "no receipt <!channel>"
-    await bot.send(bot.slack.submit(view, bot.lead, {"reason": {"value": reason}}))
-    record = await bot.record(approval_id)
+    answer = await bot.send(bot.slack.submit(view, bot.lead, {"reason": {"value": reason}}))
+    assert answer.status_code == 200, answer.text
+    record = await bot.decided(approval_id)
     assert record.decision is not None and record.decision.reason == reason
     run = (await bot.client.get(f"/runs/{record.request.run_id}?wait=10", headers=API)).json()
     assert reason in run["tool_results"][0]["content"]
-    await bot.until(lambda: message.updates)
+    await bot.updated(message)
     assert "&lt;!channel&gt;" in all_text(message) and "<!channel>" not in all_text(message)
 
 
@@ -257,17 +306,20 @@ async def others_are_told_no(bot: Bot) -> None:
     approval_id = await bot.start(requested_by=None)
     [message] = await bot.posted(bot.lead)
     await bot.click(message, "nodbot.approve", bot.other)
-    await bot.slack.wait_until(lambda: bot.slack.ephemerals, within=5)
-    assert bot.slack.ephemerals[-1].user == bot.other.id
-    assert "you are not one of the reviewers" in bot.slack.ephemerals[-1].text
+    [not_theirs] = await bot.told(1)
+    assert not_theirs.user == bot.other.id
+    assert "you are not one of the reviewers" in not_theirs.text
+    events = await bot.logged(approval_id, 1, "refused", "decided")
+    assert ("refused", bot.other.id, "slack") in events
     assert (await bot.record(approval_id)).decision is None
-    assert ("refused", bot.other.id, "slack") in await bot.events(approval_id)
 
     own = await bot.start("Refund order A-1002", requested_by=bot.lead.id)
     messages = await bot.posted(bot.lead, 2)
     await bot.click(messages[-1], "nodbot.approve", bot.lead)
-    await bot.slack.wait_until(lambda: len(bot.slack.ephemerals) == 2, within=5)
-    assert SELF_APPROVAL_REASON in bot.slack.ephemerals[-1].text
+    [_, not_own] = await bot.told(2)
+    assert not_own.user == bot.lead.id and SELF_APPROVAL_REASON in not_own.text
+    events = await bot.logged(own, 1, "refused", "decided")
+    assert ("refused", bot.lead.id, "slack") in events
     assert (await bot.record(own)).decision is None
 
 
@@ -280,13 +332,15 @@ async def test_a_double_click_decides_once(bot: Bot) -> None:
         bot.slack.click(message, "nodbot.approve", bot.lead),
         bot.slack.click(theirs, "nodbot.approve", bot.second),
     ]
-    await asyncio.gather(*(bot.send(p) for p in payloads))
-    record = await bot.record(approval_id)
-    assert record.decision is not None
-    kinds = [kind for kind, _, _ in await bot.events(approval_id)]
+    answers = await asyncio.gather(*(bot.send(p) for p in payloads))
+    assert [a.status_code for a in answers] == [200, 200, 200]
+    # Each of the three clicks ends in one event, a decision or a refusal.
+    events = await bot.logged(approval_id, 3, "decided", "refused")
+    kinds = [kind for kind, _, _ in events]
     assert kinds.count("decided") == 1 and kinds.count("refused") == 2
-    await bot.slack.wait_until(lambda: len(bot.slack.ephemerals) == 2, within=5)
-    assert all("already decided" in e.text for e in bot.slack.ephemerals)
+    assert (await bot.record(approval_id)).decision is not None
+    told = await bot.told(2)
+    assert len(told) == 2 and all("already decided" in e.text for e in told)
 
 
 async def test_two_approvals_from_two_people_are_needed(
@@ -299,9 +353,17 @@ async def test_two_approvals_from_two_people_are_needed(
         assert actions_of(message) == ["nodbot.approve", "nodbot.deny"]  # no edit with N-of-M
         await bot.click(message, "nodbot.approve", bot.lead)
         await bot.click(message, "nodbot.approve", bot.lead)  # the same person again
+        events = await bot.logged(approval_id, 2, "voted", "refused", "decided")
+        assert ("voted", bot.lead.id, "slack") in events
+        assert ("refused", bot.lead.id, "slack") in events
+        told = sorted(e.text for e in await bot.told(2))
+        assert told == [
+            "you have voted on this call already",
+            "your approval is counted; 2 are needed in all",
+        ]
         assert (await bot.record(approval_id)).decision is None
         await bot.click(theirs, "nodbot.approve", bot.second)
-        record = await bot.record(approval_id)
+        record = await bot.decided(approval_id)
         assert record.decision is not None and record.decision.approved
 
 
@@ -313,7 +375,7 @@ async def test_a_decision_made_elsewhere_updates_the_slack_messages(bot: Bot) ->
         f"/approvals/{approval_id}/decide", json={"action": "deny"}, headers=lead_api
     )
     assert answer.status_code == 200, answer.text
-    await bot.until(lambda: message.updates)
+    await bot.updated(message)
     assert actions_of(message) == [] and "*Denied*" in all_text(message)
 
 
@@ -355,7 +417,7 @@ async def test_untrusted_arguments_are_neutralized_and_long_ones_put_in_the_thre
     def thread() -> list[Message]:
         return [m for m in bot.slack.messages(bot.lead) if m.thread_ts == message.ts]
 
-    await bot.slack.wait_until(thread, within=5)
+    await bot.slack.wait_until(lambda: bool(thread()), 10, "the arguments in the thread")
     assert len(thread()) == 1 and "y" * 10_000 in thread()[0].text.replace("\u200b", "")
     assert (await bot.record(approval_id)).decision is None
 
@@ -368,14 +430,14 @@ async def test_rate_limits_lose_nothing_and_post_nothing_twice(
         approvals = [await bot.start(f"Refund order A-{n}") for n in range(4)]
         await bot.posted(bot.lead, 4)
         await bot.posted(bot.second, 4)
-        await asyncio.sleep(0.5)  # a repeat, if any, would arrive meanwhile
+        for approval_id in approvals:
+            # Once no delivery is due, none is posted again: a repeat would be there by now.
+            deliveries = await bot.settled(approval_id)
+            assert {d.status for d in deliveries} == {"sent"}
         for user in (bot.lead, bot.second):
             posted = await bot.posted(user)
             assert len(posted) == 4, [m.text for m in posted]
         assert bot.slack.faults  # the fake did limit
-        for approval_id in approvals:
-            deliveries = await bot.served.service.store.deliveries(approval_id)
-            assert {d.status for d in deliveries} == {"sent"}
 
 
 async def test_socket_mode_takes_the_clicks_over_the_websocket(
@@ -391,12 +453,11 @@ async def test_socket_mode_takes_the_clicks_over_the_websocket(
             "interactive", bot.slack.click(message, "nodbot.deny", bot.lead)
         )
         assert ack["envelope_id"]
-        await bot.slack.wait_until(lambda: bot.slack.views, within=5)
-        view = bot.slack.views[-1]
+        view = await bot.modal()
         submitted = bot.slack.submit(view, bot.lead, {"reason": {"value": "not today"}})
         await bot.slack.socket_send("interactive", submitted)
-        await bot.until(lambda: message.updates)
-        record = await bot.record(approval_id)
+        record = await bot.decided(approval_id)
+        await bot.updated(message)
         assert record.decision is not None and record.decision.reason == "not today"
         assert "*Denied*" in all_text(message)
 
@@ -412,7 +473,7 @@ async def test_a_decision_in_the_web_inbox_updates_the_slack_messages(bot: Bot) 
         form = {"action": "approve", "csrf": csrf.group(1)}
         done = await browser.post(f"/inbox/approvals/{approval_id}/decide", data=form)
         assert done.status_code == 200, done.text
-    await bot.until(lambda: message.updates)
+    await bot.updated(message)
     assert actions_of(message) == []
     assert f"*Approved* by <@{bot.lead.id}>" in all_text(message)
     assert ("decided", bot.lead.id, "web") in await bot.events(approval_id)
@@ -455,11 +516,13 @@ async def test_a_user_group_gets_one_message_per_member_and_its_members_decide(
         approval_id = await bot.start()
         [theirs] = await bot.posted(bot.second)
         [message] = await bot.posted(bot.lead)
-        await asyncio.sleep(0.3)  # a repeat, if any, would arrive meanwhile
+        # Once no delivery is due, none is posted again: a repeat would be there by now.
+        deliveries = await bot.settled(approval_id)
+        assert {d.status for d in deliveries} == {"sent"}
         assert len(await bot.posted(bot.lead)) == len(await bot.posted(bot.second)) == 1
         assert bot.slack.calls_to("usergroups.users.list")
         await bot.click(theirs, "nodbot.approve", bot.second)  # a member of the group
-        record = await bot.record(approval_id)
+        record = await bot.decided(approval_id)
         assert record.decision is not None and record.decision.decided_by == bot.second.id
-        await bot.until(lambda: message.updates)
+        await bot.updated(message)
         assert actions_of(message) == []
