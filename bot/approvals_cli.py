@@ -8,12 +8,16 @@ SQLite).
 from __future__ import annotations
 
 import argparse
+import getpass
 import json
+import os
 from collections.abc import Sequence
 from typing import Any
 
+from bot.authorize import authorizer_for
 from bot.config import Config, load_agents, load_config
-from bot.policy import authorize_by_rules
+from bot.slack.channel import SlackChannel
+from bot.store import store_for
 from core import (
     ApprovalRecord,
     ApprovalStatus,
@@ -60,7 +64,7 @@ def add_approvals_commands(commands: Any) -> None:
 async def run_approvals_command(arguments: argparse.Namespace) -> str:
     """Run one `approvals` command; returns what to print. Raises `NodbotError`s."""
     config = load_config(arguments.config)
-    async with SqlApprovalStore(config.store.url, auto_migrate=config.store.auto_migrate) as store:
+    async with store_for(config) as store:
         if arguments.action == "list":
             status: ApprovalStatus | None = arguments.status
             records = await store.list(run_id=arguments.run, status=status, limit=arguments.limit)
@@ -87,18 +91,35 @@ async def _decide(config: Config, store: SqlApprovalStore, arguments: argparse.N
     )
     decision = answer.to_decision(arguments.principal)
     record = await store.get(arguments.approval_id)
-    refusal = authorize_by_rules(arguments.principal, record, decision)
-    if refusal is not None:
-        await store.refuse(
-            record.approval_id, actor=arguments.principal, channel="cli", reason=refusal
-        )
-        raise RefusedError(refusal)
     # The agents' tools validate an edit, as over the API.
     agents, _ = load_agents(config)
     registry = ToolRegistry.merged(agent.tools for agent in agents.values())
+    slack = SlackChannel(config.slack, store, registry) if config.slack is not None else None
+    verdict = await authorizer_for(config, slack).check(arguments.principal, record, decision)
+    evidence = {"os_user": _os_user()}
+    if verdict.refusal is not None:
+        await store.refuse(
+            record.approval_id,
+            actor=arguments.principal,
+            channel=CHANNEL,
+            reason=verdict.refusal,
+            person=verdict.person,
+            evidence=evidence,
+        )
+        raise RefusedError(verdict.refusal)
     executor = Executor(registry, approval=DeferredApproval(store))
-    decided = await executor.decide(record.approval_id, decision, channel=CHANNEL)
+    decided = await executor.decide(
+        record.approval_id, decision, channel=CHANNEL, person=verdict.person, evidence=evidence
+    )
     return _describe(decided)
+
+
+def _os_user() -> str:
+    """Who runs the command, as the operating system says (recorded as evidence)."""
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):  # no name for this uid (a container, say)
+        return f"uid:{os.getuid()}"
 
 
 def _table(records: Sequence[ApprovalRecord]) -> str:

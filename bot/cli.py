@@ -9,7 +9,9 @@ import sys
 from collections.abc import Sequence
 
 from bot.approvals_cli import add_approvals_commands, run_approvals_command
-from bot.config import ConfigError, check_agents, load_config
+from bot.audit_cli import add_audit_commands, key_from_environment, run_audit_command
+from bot.config import ConfigError, load_config
+from bot.config.agents import report_agents
 from bot.runs_cli import add_runs_commands, run_runs_command
 from bot.serve import serve
 from bot.web import sign_in_link
@@ -37,6 +39,12 @@ def build_parser() -> argparse.ArgumentParser:
         default=DEFAULT_STORE,
         metavar="URL",
         help=f"sqlite:///path.db or postgresql://user@host/db (default: {DEFAULT_STORE})",
+    )
+    migrate.add_argument(
+        "--key-env",
+        metavar="NAME",
+        help="the environment variable holding the audit key, which the events already "
+        "there are chained with when the upgrade adds the audit chain (as audit.key)",
     )
     check = commands.add_parser(
         "check-config",
@@ -68,11 +76,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_approvals_commands(commands)
     add_runs_commands(commands)
+    add_audit_commands(commands)
     return parser
 
 
-async def _migrate(url: str) -> str:
-    store = SqlApprovalStore(url, auto_migrate=True)
+async def _migrate(url: str, key_env: str | None) -> str:
+    key = key_from_environment(key_env) if key_env else None
+    store = SqlApprovalStore(url, auto_migrate=True, audit_key=key)
     try:
         await store.open()
     finally:
@@ -85,20 +95,26 @@ def _plural(count: int, noun: str) -> str:
 
 
 def _check_config(file: str) -> int:
-    """Validate `file` and import its agents: prints `FILE: ok (...)` and returns 0, or
-    prints every problem to stderr and returns 1."""
+    """Validate `file` and import its agents: prints its warnings to stderr, then `FILE: ok
+    (...)`, and returns 0; or prints every problem to stderr and returns 1."""
+    warnings: list[str] = []
     try:
         config = load_config(file)
     except ConfigError as error:
         problems = error.problems
     else:
-        problems = check_agents(config)
+        report = report_agents(config)
+        problems, warnings = report.problems, report.warnings
     if problems:
         for problem in problems:
             print(problem, file=sys.stderr)
         return 1
-    counts = f"{_plural(len(config.rules), 'rule')}, {_plural(len(config.agents), 'agent')}"
-    print(f"{file}: ok ({counts})")
+    for warning in warnings:
+        print(warning, file=sys.stderr)
+    counts = [_plural(len(config.rules), "rule"), _plural(len(config.agents), "agent")]
+    if warnings:
+        counts.append(_plural(len(warnings), "warning"))
+    print(f"{file}: ok ({', '.join(counts)})")
     return 0
 
 
@@ -126,10 +142,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(asyncio.run(run_approvals_command(arguments)))
         elif arguments.command == "runs":
             print(asyncio.run(run_runs_command(arguments)))
+        elif arguments.command == "audit":
+            return asyncio.run(run_audit_command(arguments))
         elif arguments.command == "inbox-link":
             print(sign_in_link(load_config(arguments.config), arguments.reviewer))
         else:
-            print(asyncio.run(_migrate(arguments.store)))
+            print(asyncio.run(_migrate(arguments.store, arguments.key_env)))
     except ConfigError as error:
         for problem in error.problems:
             print(problem, file=sys.stderr)

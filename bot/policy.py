@@ -4,7 +4,9 @@ Every call is put to `RulesPort`, and the first rule of the file that matches it
 
 | first matching rule     | the call                                                    |
 |-------------------------|-------------------------------------------------------------|
-| none                    | runs without review                                         |
+| none                    | runs without review, unless its tool asks for review        |
+|                         | (`confirm`): then it is reviewed under `defaults:`, or       |
+|                         | denied (decided by `nodbot:no-rule`) without them            |
 | `decision: approve`     | runs, decided by `nodbot:rules.<n>`                         |
 | `decision: deny`        | is denied, with the rule's description as the reason        |
 | `reviewers: [...]`      | waits in the store for a person (`DeferredApproval`), until  |
@@ -21,7 +23,9 @@ from dataclasses import replace
 from datetime import datetime, timedelta
 from typing import Any
 
-from bot.config import Config, Rule
+from bot.bounds import edit_refusal
+from bot.config import Config
+from bot.config.models import ReviewPolicy
 from core import (
     ApprovalRecord,
     ApprovalRequest,
@@ -32,11 +36,19 @@ from core import (
     Executor,
     InterruptRule,
     PortAnswer,
+    ToolCall,
     ToolRegistry,
+    merge_edit,
 )
 from core.store import utc_now
 
-__all__ = ["SELF_APPROVAL_REASON", "RulesPort", "authorize_by_rules", "rules_executor"]
+__all__ = [
+    "SELF_APPROVAL_REASON",
+    "RulesPort",
+    "authorize_by_rules",
+    "rule_refusal",
+    "rules_executor",
+]
 
 SELF_APPROVAL_REASON = "you started this run, so you may not approve its calls"
 
@@ -46,14 +58,22 @@ NO_RULE = "nodbot:no-rule"
 
 class RulesPort(DeferredApproval):
     """A deferred approval port with the rules of `config` in front: reviews wait in `store`
-    (so `Executor.decide` works as with `DeferredApproval`), the rest is decided at once."""
+    (so `Executor.decide` works as with `DeferredApproval`), the rest is decided at once.
+    `registry` holds the tools, whose `confirm` says whether a call no rule covers needs a
+    review; without it, every such call is taken to need one."""
 
     def __init__(
-        self, config: Config, store: ApprovalStore, *, clock: Callable[[], datetime] = utc_now
+        self,
+        config: Config,
+        store: ApprovalStore,
+        *,
+        clock: Callable[[], datetime] = utc_now,
+        registry: ToolRegistry | None = None,
     ) -> None:
         super().__init__(store)
         self.config = config
         self._clock = clock
+        self.registry = registry
 
     async def request(self, request: ApprovalRequest) -> PortAnswer:
         for index, rule in enumerate(self.config.rules):
@@ -65,20 +85,56 @@ class RulesPort(DeferredApproval):
             if rule.decision == "deny":
                 reason = rule.description or f"denied by rule {index} of the configuration"
                 return Decided(Decision(approved=False, reason=reason, decided_by=by))
-            request = replace(
-                request,
-                policy=self._policy(index, rule),
-                approvals_required=rule.approvals_required,
-            )
-            if rule.timeout is not None:
-                # Only a new review takes this deadline: an existing one keeps its own.
-                deadline = self._clock() + timedelta(seconds=rule.timeout)
-                request = replace(request, deadline=deadline, on_timeout=rule.timeout_decision)
-            return await super().request(request)
-        return Decided(Decision(approved=True, decided_by=NO_RULE))
+            return await self._review(request, index, rule)
+        asks = await self._asks_for_review(request)
+        if asks is None:
+            return Decided(Decision(approved=True, decided_by=NO_RULE))
+        if self.config.defaults is not None:
+            return await self._review(request, "defaults", self.config.defaults)
+        file = self.config.source_file or "the configuration"
+        reason = (
+            f"{request.tool} asks for review ({asks}) and no rule of {file} covers it: "
+            f"add a rule for {request.tool} or a defaults: section"
+        )
+        return Decided(Decision(approved=False, reason=reason, decided_by=NO_RULE))
 
-    def _policy(self, index: int, rule: Rule) -> dict[str, Any]:
-        """What the rule says about the review, kept with it for the channels."""
+    async def _review(
+        self, request: ApprovalRequest, index: int | str, rule: ReviewPolicy
+    ) -> PortAnswer:
+        """The call waits in the store under `rule` (a rule of the file, or the defaults)."""
+        request = replace(
+            request,
+            policy=self._policy(index, rule),
+            approvals_required=rule.approvals_required,
+        )
+        if rule.timeout is not None:
+            # Only a new review takes this deadline: an existing one keeps its own.
+            deadline = self._clock() + timedelta(seconds=rule.timeout)
+            request = replace(request, deadline=deadline, on_timeout=rule.timeout_decision)
+        return await super().request(request)
+
+    async def _asks_for_review(self, request: ApprovalRequest) -> str | None:
+        """Why the call's tool asks for review (its `confirm`), or None when it does not.
+        Fails closed: no registry, an unknown tool or a confirm rule that raises asks. A
+        confirm rule is asked as `Executor.needs_review` asks it, with the run's id and
+        requester in its context (no metadata: the port does not see it)."""
+        if self.registry is None or request.tool not in self.registry:
+            return "its confirm cannot be read here"
+        tool = self.registry.get(request.tool)
+        if isinstance(tool.confirm, bool):
+            return "confirm=True" if tool.confirm else None
+        probe = Executor(self.registry)  # no rules: it asks the tool's confirm alone
+        call = ToolCall.model_construct(
+            name=request.tool, arguments=dict(request.arguments), id=request.call_id
+        )
+        ctx = probe.context(request.run_id, requested_by=request.requested_by)
+        if await probe.needs_review(tool, call, ctx):
+            return "its confirm rule asks for this call"
+        return None
+
+    def _policy(self, index: int | str, rule: ReviewPolicy) -> dict[str, Any]:
+        """What the rule (or the defaults, `index` "defaults") says about the review, kept
+        with it for the channels."""
         reviewers = self.config.expand(rule.reviewers or [])
         escalation: dict[str, Any] = {}
         if rule.escalate_after is not None and rule.escalate_to is not None:
@@ -87,6 +143,9 @@ class RulesPort(DeferredApproval):
                 "escalate_at": at.isoformat(),
                 "escalate_to": [r.text for r in self.config.expand(rule.escalate_to)],
             }
+        bounds: dict[str, Any] = {}
+        if rule.edit_bounds is not None:
+            bounds = {"edit_bounds": [bound.to_json() for bound in rule.edit_bounds]}
         return {
             **escalation,
             "rule": index,
@@ -97,6 +156,7 @@ class RulesPort(DeferredApproval):
             "editable": None if rule.editable is None else list(rule.editable),
             "approvals_required": rule.approvals_required,
             "allow_self_approval": rule.allow_self_approval,
+            **bounds,
         }
 
 
@@ -108,13 +168,15 @@ def authorize_by_rules(
     now: datetime | None = None,
 ) -> str | None:
     """Whether `principal` may make `decision` on `record`, by the policy its rule left with
-    it: None to allow, or the reason to refuse. Reviewers are matched by their id or address
-    (case-insensitively); members of Slack channels and user groups are checked in Slack.
-    From the rule's `escalate_after` on, its `escalate_to` reviewers may decide too."""
+    it, comparing handles as written: None to allow, or the reason to refuse. The bot's
+    channels use `bot.authorize.Authorizer`, which compares persons instead (a Slack user id
+    and the address Slack holds for it are one reviewer) and asks Slack about user groups and
+    channels; this is the check for code that has no directory of people. From the rule's
+    `escalate_after` on, its `escalate_to` reviewers may decide too."""
     policy = record.request.policy
-    action = "deny" if not decision.approved else "edit" if decision.edited_args else "approve"
-    own = record.request.requested_by == principal
-    if action != "deny" and own and not policy.get("allow_self_approval", False):
+    requester = record.request.requested_by
+    own = requester is not None and requester.lower() == principal.lower()
+    if decision.approved and own and not policy.get("allow_self_approval", False):
         return SELF_APPROVAL_REASON
     listed = list(policy.get("reviewers", []))
     escalate_at = policy.get("escalate_at")
@@ -123,6 +185,15 @@ def authorize_by_rules(
     reviewers = [str(reviewer).lower() for reviewer in listed]
     if reviewers and principal.lower() not in reviewers:
         return "you are not one of the reviewers of this call"
+    return rule_refusal(record, decision)
+
+
+def rule_refusal(record: ApprovalRecord, decision: Decision) -> str | None:
+    """What the review's rule says of `decision` whoever makes it: None to allow, or the
+    reason to refuse (a decision the rule does not allow, an argument it keeps, an edit out
+    of its bounds)."""
+    policy = record.request.policy
+    action = "deny" if not decision.approved else "edit" if decision.edited_args else "approve"
     allowed = policy.get("allowed_decisions")
     if allowed is not None and action not in allowed:
         return f"this call may not be decided with {action!r}; allowed: {', '.join(allowed)}"
@@ -132,6 +203,12 @@ def authorize_by_rules(
         if fixed:
             may = ", ".join(editable) or "nothing"
             return f"{', '.join(fixed)} may not be edited here (editable: {may})"
+    original = record.request.arguments
+    # Bounds hold what an edit changes: one that changes nothing runs the call as asked, as
+    # an approval would (and the inbox probes with such an edit whether editing is open).
+    changes = action == "edit" and merge_edit(original, decision.edited_args or {}) != original
+    if changes and (out := edit_refusal(policy, original, decision.edited_args)):
+        return out
     return None
 
 
@@ -145,4 +222,5 @@ def rules_executor(
     """An executor over `registry` that puts every call to the rules of `config`; `clock`
     dates the deadlines of new reviews."""
     every_call: Sequence[InterruptRule] = (InterruptRule(tool="*"),)
-    return Executor(registry, approval=RulesPort(config, store, clock=clock), rules=every_call)
+    port = RulesPort(config, store, clock=clock, registry=registry)
+    return Executor(registry, approval=port, rules=every_call)

@@ -13,7 +13,8 @@ from typing import Any
 
 from bot.config import ConfigError, check_agents, load_agents, load_config
 from bot.service import BotService, UnknownAgentError
-from core import ConfigurationError, RunRecord, SqlApprovalStore, ToolMessage
+from bot.store import store_for
+from core import ConfigurationError, RunRecord, ToolMessage
 
 __all__ = ["add_runs_commands", "run_runs_command"]
 
@@ -39,7 +40,7 @@ async def run_runs_command(arguments: argparse.Namespace) -> str:
     if problems:
         raise ConfigError(problems)
     agents, _ = load_agents(config)
-    async with SqlApprovalStore(config.store.url, auto_migrate=config.store.auto_migrate) as store:
+    async with store_for(config) as store:
         service = BotService(config, store, agents)
         if arguments.action == "start":
             try:

@@ -11,16 +11,18 @@ from dataclasses import dataclass
 
 import uvicorn
 
-from bot.config import ConfigError, check_agents, load_agents, load_config
+from bot.authorize import authorizer_for
+from bot.config import ConfigError, load_agents, load_config
+from bot.config.agents import report_agents
 from bot.http import create_app
 from bot.outbox import Channel
-from bot.policy import authorize_by_rules
 from bot.service import BotService
 from bot.slack.channel import SlackChannel
 from bot.slack.reviews import SlackReviews, connect_socket_mode
+from bot.store import store_for
 from bot.web import WebInbox
 from bot.webhooks import WebhookChannel
-from core import SqlApprovalStore, ToolRegistry
+from core import ToolRegistry
 
 __all__ = ["Served", "serve", "serving"]
 
@@ -57,11 +59,13 @@ async def serving(
     when the store cannot be used.
     """
     config = load_config(config_file)
-    problems = check_agents(config)
-    if problems:
-        raise ConfigError(problems)
+    report = report_agents(config)
+    if report.problems:
+        raise ConfigError(report.problems)
+    for warning in report.warnings:
+        log.warning("%s", warning)
     agents, _ = load_agents(config)
-    store = SqlApprovalStore(config.store.url, auto_migrate=config.store.auto_migrate)
+    store = store_for(config)
     try:
         await store.open()
         registry = ToolRegistry.merged(agent.tools for agent in agents.values())
@@ -71,21 +75,24 @@ async def serving(
             slack_channel = SlackChannel(config.slack, store, registry)
             channels.append(slack_channel)
         service = BotService(config, store, agents, channels=channels, registry=registry)
+        authorizer = authorizer_for(config, slack_channel)
         slack = None
         if config.slack is not None and slack_channel is not None:
-            slack = SlackReviews(config.slack, slack_channel, on_decided=service.decided)
+            slack = SlackReviews(
+                config.slack, slack_channel, on_decided=service.decided, authorizer=authorizer
+            )
         inbox = WebInbox(
             store=store,
             registry=service.registry,
             web=config.web,
             service=service,
-            authorize=authorize_by_rules,
+            authorize=authorizer,
         )
         app = create_app(
             store=store,
             registry=service.registry,
             tokens=config.api.tokens,
-            authorize_decision=authorize_by_rules,
+            authorize_decision=authorizer,
             service=service,
             inbox=inbox,
             slack=slack if config.slack is not None and config.slack.mode == "http" else None,

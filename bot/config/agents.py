@@ -1,6 +1,6 @@
 """Importing the agents a configuration names (`load_agents`) and checking the rules
-against the tools they register (`check_agents`). Loading a file never imports an agent:
-this module does, on request."""
+against the tools they register (`check_agents`, and `report_agents`, which adds the
+warnings). Loading a file never imports an agent: this module does, on request."""
 
 from __future__ import annotations
 
@@ -9,11 +9,15 @@ import importlib
 import inspect
 import os
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pydantic import BaseModel
+
 from bot.config.models import Config, Rule
+from bot.config.predicates import ORIGINAL, BoundSpec
 from core import Agent
 
 
@@ -36,17 +40,41 @@ def load_agents(config: Config) -> tuple[dict[str, Agent], list[str]]:
     return agents, problems
 
 
+@dataclass(frozen=True)
+class AgentReport:
+    """What importing the agents and checking the rules against their tools found."""
+
+    problems: list[str]
+    """Why the file cannot be used as it is, each `<file>:<line>: <key>: <message>`."""
+    warnings: list[str]
+    """What works, but may not go as meant: a tool that asks for review (`confirm`) and that
+    no rule covers for every call, so those calls go to `defaults:` or are denied."""
+
+
 def check_agents(config: Config) -> list[str]:
     """Every problem found by importing the agents and checking the rules against their
-    tools: a rule naming a tool no agent registers, an `editable` or `when` naming an
-    argument the tool does not take. Returns [] when all is well; never raises for a
-    problem of the file.
+    tools: a rule naming a tool no agent registers, an `editable`, `when` or `edit_bounds`
+    naming an argument the tool does not take, a bound comparing values of kinds that never
+    compare. Returns [] when all is well; never raises for a problem of the file.
 
     The rules are checked only when every agent loaded (a missing agent could hold the tool).
     """
+    return report_agents(config).problems
+
+
+def report_agents(config: Config) -> AgentReport:
+    """The problems of `check_agents`, and the warnings: one per tool of an agent that asks
+    for review and that no rule covers for every call (checked once the problems are none)."""
     agents, problems = load_agents(config)
     if problems:
-        return problems
+        return AgentReport(problems, [])
+    problems = _rule_problems(config, agents)
+    warnings = [] if problems else list(_coverage_warnings(config, agents))
+    return AgentReport(problems, warnings)
+
+
+def _rule_problems(config: Config, agents: Mapping[str, Agent]) -> list[str]:
+    problems: list[str] = []
     for number, rule in enumerate(config.rules):
         if rule.tool == "*":
             continue
@@ -78,6 +106,97 @@ def _argument_problems(
         for argument in sorted(rule.when.argument_names() - set(arguments)):
             at = config.location(("rules", number, "when"))
             yield f"{at}: {argument!r} is not an argument: {what}"
+    kinds = _argument_kinds(model)
+    for index, bound in enumerate(rule.edit_bounds or []):
+        at = config.location(("rules", number, "edit_bounds", index))
+        unknown = sorted((bound.argument_names() | bound.references()) - set(arguments))
+        for argument in unknown:
+            yield f"{at}: {argument!r} is not an argument: {what}"
+        if not unknown:
+            yield from (f"{at}: {message}" for message in _bound_kind_problems(bound, kinds))
+
+
+def _coverage_warnings(config: Config, agents: Mapping[str, Agent]) -> Iterator[str]:
+    """One warning per tool that asks for review and that no rule covers for every call."""
+    fate = "are reviewed under defaults:" if config.defaults is not None else "are denied"
+    for agent_name, agent in agents.items():
+        for tool in agent.tools:
+            if tool.confirm is False:
+                continue
+            asks = "confirm=True" if tool.confirm is True else "through its confirm rule"
+            covering = [n for n, rule in enumerate(config.rules) if rule.tool in ("*", tool.name)]
+            if any(config.rules[n].when is None for n in covering):
+                continue
+            if covering:
+                listed = ", ".join(f"rules.{n}" for n in covering)
+                what = f"only {listed} cover it, with when: the calls that match no when {fate}"
+                fix = f"a rule for {tool.name} without when"
+            else:
+                what, fix = f"no rule covers it: its calls {fate}", f"a rule for {tool.name}"
+            if config.defaults is None:
+                what += f" (add {fix}, or a defaults: section)"
+            at = config.location(("agents", agent_name))
+            yield f"{at}: warning: {tool.name} asks for review ({asks}) and {what}"
+
+
+def _argument_kinds(model: type[BaseModel]) -> dict[str, set[str]]:
+    """The JSON kinds (number, string, boolean, null, array, object) each argument takes,
+    for the arguments whose schema says it plainly."""
+    properties = model.model_json_schema().get("properties") or {}
+    kinds = {name: _schema_kinds(schema) for name, schema in properties.items()}
+    return {name: found for name, found in kinds.items() if found}
+
+
+def _schema_kinds(schema: Mapping[str, Any]) -> set[str]:
+    if "type" in schema:
+        types = schema["type"] if isinstance(schema["type"], list) else [schema["type"]]
+        return {"number" if kind == "integer" else str(kind) for kind in types}
+    if "anyOf" in schema:
+        parts = [_schema_kinds(part) for part in schema["anyOf"]]
+        return set().union(*parts) if all(parts) else set()
+    if "enum" in schema or "const" in schema:
+        return {_kind(value) for value in schema.get("enum", [schema.get("const")])}
+    return set()  # a reference or anything else: not checked
+
+
+def _kind(value: object) -> str:
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, (int, float)):
+        return "number"
+    if isinstance(value, str):
+        return "string"
+    return "null" if value is None else type(value).__name__
+
+
+def _bound_kind_problems(bound: BoundSpec, kinds: Mapping[str, set[str]]) -> Iterator[str]:
+    """A bound that no edit could meet, for the kinds of the arguments it compares."""
+    name = bound.name
+    if name in ("all", "any"):
+        parts: list[BoundSpec] = getattr(bound, name)
+        for part in parts:
+            yield from _bound_kind_problems(part, kinds)
+        return
+    for argument, expected in bound.arguments_of(name).items():
+        have = kinds.get(argument)
+        if not have:
+            continue
+        if name in ("matches", "all_fields", "any_field"):
+            if "string" not in have:
+                kind = " or ".join(sorted(have))
+                yield f"{name}: {argument} is {kind}, not a string: every edit would be refused"
+            continue
+        if isinstance(expected, Mapping):
+            other = kinds.get(str(expected[ORIGINAL]), set())
+            what = f"the original {expected[ORIGINAL]}"
+        else:
+            other, what = {_kind(expected)}, repr(expected)
+        usable = have & other if name == "eq" else have & other & {"number", "string"}
+        if other and not usable:
+            yield (
+                f"{name}: {argument} ({' or '.join(sorted(have))}) cannot be compared with "
+                f"{what} ({' or '.join(sorted(other))}): every edit would be refused"
+            )
 
 
 class _AgentError(Exception):

@@ -1,6 +1,7 @@
 """The file's sections as pydantic models: `StoreConfig`, `ServerConfig`, `ApiConfig`,
-`Rule` and the whole file, `Config`, with the checks that span several keys (a rule's
-decision against its reviewers, reviewer groups, rules that can never match, API tokens)."""
+`Rule`, `Defaults` (both a `ReviewPolicy`) and the whole file, `Config`, with the checks that
+span several keys (a rule's decision against its reviewers, reviewer groups, rules that can
+never match, API tokens)."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ from pydantic import (
 )
 
 from bot.config.errors import KeyPath, Source, dotted, problem, problems, shown
-from bot.config.predicates import PredicateSpec
+from bot.config.predicates import BoundSpec, PredicateSpec
 from bot.config.values import (
     ConfigModel,
     Count,
@@ -30,6 +31,7 @@ from bot.config.values import (
     Principal,
     Reviewer,
     ReviewerEntry,
+    normalize_handle,
 )
 from core import InterruptRule
 
@@ -273,6 +275,7 @@ _REVIEW_KEYS = (
     "post_to",
     "allowed_decisions",
     "editable",
+    "edit_bounds",
     "approvals_required",
     "allow_self_approval",
     "timeout",
@@ -283,19 +286,12 @@ _REVIEW_KEYS = (
 _TOOL_NAME = re.compile(r"[A-Za-z_]\w*")
 
 
-class Rule(ConfigModel):
-    """Which calls it covers (`tool`, `when`) and what happens to them: an automatic
-    `decision`, or a review by `reviewers`. Rules are tried in order; the first match wins."""
+class ReviewPolicy(ConfigModel):
+    """How a call is reviewed: who decides, what they may answer, by when. The keys a review
+    rule and `defaults:` share."""
 
-    tool: str
-    """The tool's name, or `*` for every tool."""
-    when: PredicateSpec | None = None
-    """A predicate on the call's arguments; without it every call of the tool matches. A
-    predicate that cannot decide (a missing argument, a wrong type) counts as a match."""
     description: str | None = None
     """Why the rule exists, shown to reviewers."""
-    decision: Literal["approve", "deny"] | None = None
-    """Decide without a person. A rule has either `decision` or `reviewers`."""
     reviewers: list[ReviewerEntry] | None = None
     """Who may decide: Slack users (U..., W...), user groups (S...), channels (#name, C...),
     email addresses, or group:<name> for a reviewer group of this file."""
@@ -307,6 +303,12 @@ class Rule(ConfigModel):
     """What reviewers may answer: a non-empty subset of approve, edit, deny."""
     editable: list[str] | None = None
     """The arguments a reviewer may edit; absent means all of them."""
+    edit_bounds: list[BoundSpec] | None = None
+    """What every edited call must meet, each written like `when` and tested on the edit
+    merged into the call's arguments; a value may be `{original: <argument>}`, that argument
+    as the call asked for it: `[{gt: {amount: 0}}, {le: {amount: {original: amount}}}]`. A
+    bound that cannot be tested (a missing argument, values that do not compare) refuses the
+    edit."""
     approvals_required: Annotated[Count, Field(ge=1)] = 1
     """How many distinct reviewers must approve (N of M); any deny denies."""
     allow_self_approval: bool = False
@@ -320,13 +322,6 @@ class Rule(ConfigModel):
     """How long before `escalate_to` is asked too; shorter than `timeout`."""
     escalate_to: list[ReviewerEntry] | None = None
     """Who is asked after `escalate_after`; written like `reviewers`."""
-
-    @field_validator("tool")
-    @classmethod
-    def _tool(cls, value: str) -> str:
-        if value != "*" and not _TOOL_NAME.fullmatch(value):
-            raise problem(f"expected a tool name (a Python identifier) or '*', not {value!r}")
-        return value
 
     @field_validator("allowed_decisions")
     @classmethod
@@ -343,6 +338,64 @@ class Rule(ConfigModel):
         if value is not None and not value:
             raise problem("expected at least one reviewer")
         return value
+
+    @field_validator("edit_bounds")
+    @classmethod
+    def _some_bounds(cls, value: list[BoundSpec] | None) -> list[BoundSpec] | None:
+        if value is not None and not value:
+            raise problem("expected at least one bound, such as {gt: {amount: 0}}")
+        return value
+
+    def _review_problems(self) -> Iterator[tuple[KeyPath, str]]:
+        if (self.escalate_after is None) != (self.escalate_to is None):
+            given, missing = (
+                ("escalate_after", "escalate_to")
+                if self.escalate_after is not None
+                else ("escalate_to", "escalate_after")
+            )
+            yield (given,), f"needs {missing} too (give both or neither)"
+        after, timeout = self.escalate_after, self.timeout
+        if after is not None and timeout is not None and after >= timeout:
+            yield ("escalate_after",), "must be shorter than timeout"
+        if "timeout_decision" in self.model_fields_set and self.timeout is None:
+            yield ("timeout_decision",), "has no effect without timeout"
+        for key in ("editable", "edit_bounds"):
+            if getattr(self, key) is not None and "edit" not in self.allowed_decisions:
+                yield (key,), "has no effect unless allowed_decisions includes edit"
+        if self.editable == [] and "edit" in self.allowed_decisions:
+            instead = "remove edit from allowed_decisions instead"
+            yield ("editable",), f"an empty list allows no edit: {instead}"
+        reviewers = self.reviewers or []
+        if reviewers and all(reviewer.is_individual for reviewer in reviewers):
+            people = len({reviewer.value for reviewer in reviewers})
+            if self.approvals_required > people:
+                message = f"cannot come from {people} listed reviewer(s)"
+                yield ("approvals_required",), f"{self.approvals_required} approvals {message}"
+
+
+class _CoveredCalls(ConfigModel):
+    """The keys of a rule that say which calls it covers and whether it decides them itself
+    (a base of `Rule`, so that they come first)."""
+
+    tool: str
+    """The tool's name, or `*` for every tool."""
+    when: PredicateSpec | None = None
+    """A predicate on the call's arguments; without it every call of the tool matches. A
+    predicate that cannot decide (a missing argument, a wrong type) counts as a match."""
+    decision: Literal["approve", "deny"] | None = None
+    """Decide without a person. A rule has either `decision` or `reviewers`."""
+
+    @field_validator("tool")
+    @classmethod
+    def _tool(cls, value: str) -> str:
+        if value != "*" and not _TOOL_NAME.fullmatch(value):
+            raise problem(f"expected a tool name (a Python identifier) or '*', not {value!r}")
+        return value
+
+
+class Rule(ReviewPolicy, _CoveredCalls):
+    """Which calls it covers (`tool`, `when`) and what happens to them: an automatic
+    `decision`, or a review by `reviewers`. Rules are tried in order; the first match wins."""
 
     @model_validator(mode="after")
     def _consistent(self) -> Rule:
@@ -364,31 +417,6 @@ class Rule(ConfigModel):
             if key in self.model_fields_set:
                 yield (key,), f"{refused} (a rule either decides by itself or names reviewers)"
 
-    def _review_problems(self) -> Iterator[tuple[KeyPath, str]]:
-        if (self.escalate_after is None) != (self.escalate_to is None):
-            given, missing = (
-                ("escalate_after", "escalate_to")
-                if self.escalate_after is not None
-                else ("escalate_to", "escalate_after")
-            )
-            yield (given,), f"needs {missing} too (give both or neither)"
-        after, timeout = self.escalate_after, self.timeout
-        if after is not None and timeout is not None and after >= timeout:
-            yield ("escalate_after",), "must be shorter than timeout"
-        if "timeout_decision" in self.model_fields_set and self.timeout is None:
-            yield ("timeout_decision",), "has no effect without timeout"
-        if self.editable is not None and "edit" not in self.allowed_decisions:
-            yield ("editable",), "has no effect unless allowed_decisions includes edit"
-        if self.editable == [] and "edit" in self.allowed_decisions:
-            instead = "remove edit from allowed_decisions instead"
-            yield ("editable",), f"an empty list allows no edit: {instead}"
-        reviewers = self.reviewers or []
-        if reviewers and all(reviewer.is_individual for reviewer in reviewers):
-            people = len({reviewer.value for reviewer in reviewers})
-            if self.approvals_required > people:
-                message = f"cannot come from {people} listed reviewer(s)"
-                yield ("approvals_required",), f"{self.approvals_required} approvals {message}"
-
     @cached_property
     def interrupt_rule(self) -> InterruptRule:
         """The core rule that matches the same calls (built once)."""
@@ -409,6 +437,37 @@ class Rule(ConfigModel):
         return rule.applies_to(tool) and rule.matches(arguments)
 
 
+class Defaults(ReviewPolicy):
+    """How a call is reviewed when its tool asks for review (`confirm=True`, or a confirm
+    rule that says so) and no rule covers it; without `defaults:` such a call is denied.
+    Written like a review rule, without `tool`, `when` or `decision`; its reviews' policy
+    names `defaults` as their rule."""
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Defaults:
+        found = list(self._review_problems())
+        if self.reviewers is None:
+            found.insert(0, ((), "defaults need reviewers: who decides the calls no rule covers"))
+        if found:
+            raise problems(*found)
+        return self
+
+
+class AuditConfig(ConfigModel):
+    """The audit trail: every event is hash-chained per review (`nodbot audit verify`)."""
+
+    key: Secret | None = None
+    """Keys the chain's hashes (HMAC-SHA256), so that only who holds it can write events that
+    verify; at least 16 characters, written as `${NODBOT_AUDIT_KEY}`, the same for every
+    process that writes to the store. Without one the hashes are plain SHA-256: they show
+    changes, but anyone who can write to the database can recompute them."""
+
+    @property
+    def secret(self) -> str | None:
+        """The key itself, for the store; None without one."""
+        return None if self.key is None else self.key.get_secret_value()
+
+
 class Config(ConfigModel):
     """The whole `nodbot.yml`."""
 
@@ -423,8 +482,15 @@ class Config(ConfigModel):
     callable returning one."""
     reviewer_groups: dict[Name, list[ReviewerEntry]] = Field(default_factory=dict)
     """Group name -> reviewers (not other groups); rules name a group as group:<name>."""
+    people: dict[Name, list[Principal]] = Field(default_factory=dict)
+    """Person name -> their handles (Slack user ids, email addresses, API token names,
+    inbox sign-ins): one person however they act. A Slack user and the address Slack holds
+    for them are one person without an entry."""
     rules: list[Rule] = Field(default_factory=list)
     """Tried in order for each call; the first that matches decides what happens."""
+    defaults: Defaults | None = None
+    """How a call is reviewed when its tool asks for review (`confirm`) and no rule covers
+    it; without `defaults:` such a call is denied."""
     slack: SlackConfig | None = None
     """The Slack channel; without it, nothing is posted to Slack."""
     email: dict[str, Any] | None = None
@@ -435,6 +501,8 @@ class Config(ConfigModel):
     """The web inbox: how its links and sessions are signed."""
     webhooks: list[Webhook] = Field(default_factory=list)
     """HTTP endpoints told of reviews opened and decided."""
+    audit: AuditConfig = Field(default_factory=AuditConfig)
+    """The audit trail's key."""
 
     @field_validator("webhooks")
     @classmethod
@@ -467,6 +535,23 @@ class Config(ConfigModel):
             raise problems(*found)
         return value
 
+    @field_validator("people")
+    @classmethod
+    def _people(cls, value: dict[str, list[str]]) -> dict[str, list[str]]:
+        found: list[tuple[KeyPath, str]] = []
+        owner: dict[str, str] = {}
+        for name, handles in value.items():
+            if not handles:
+                found.append(((name,), "expected at least one handle"))
+            for index, handle in enumerate(handles):
+                # Compared as the bot compares them: addresses and names case-insensitively.
+                first = owner.setdefault(normalize_handle(handle), name)
+                if first != name:
+                    found.append(((name, index), f"{handle!r} is a handle of {first!r} already"))
+        if found:
+            raise problems(*found)
+        return value
+
     @model_validator(mode="after")
     def _references(self) -> Config:
         found = [*self._group_problems(), *self._shadowed_rules()]
@@ -476,13 +561,13 @@ class Config(ConfigModel):
 
     def _group_problems(self) -> Iterator[tuple[KeyPath, str]]:
         defined = ", ".join(self.reviewer_groups) or "none"
-        for number, rule in enumerate(self.rules):
+        for at, rule in self._review_policies():
             for key in ("reviewers", "escalate_to"):
                 entries: list[Reviewer] = getattr(rule, key) or []
                 for index, entry in enumerate(entries):
                     if entry.kind == "group" and entry.value not in self.reviewer_groups:
                         unknown = f"no reviewer group named {entry.value!r}"
-                        yield ("rules", number, key, index), f"{unknown}; defined: {defined}"
+                        yield (*at, key, index), f"{unknown}; defined: {defined}"
             expanded = self.expand(rule.reviewers or [])
             groups = any(entry.kind == "group" for entry in rule.reviewers or [])
             if groups and expanded and all(entry.is_individual for entry in expanded):
@@ -490,9 +575,16 @@ class Config(ConfigModel):
                 if rule.approvals_required > people:
                     required = f"{rule.approvals_required} approvals"
                     yield (
-                        ("rules", number, "approvals_required"),
+                        (*at, "approvals_required"),
                         (f"{required} cannot come from {people} reviewer(s), groups expanded"),
                     )
+
+    def _review_policies(self) -> Iterator[tuple[KeyPath, ReviewPolicy]]:
+        """The rules and the defaults, each with its place in the file."""
+        for number, rule in enumerate(self.rules):
+            yield ("rules", number), rule
+        if self.defaults is not None:
+            yield ("defaults",), self.defaults
 
     def _shadowed_rules(self) -> Iterator[tuple[KeyPath, str]]:
         catch_all: dict[str, int] = {}  # tool (or "*") -> the first rule without `when`
@@ -505,6 +597,9 @@ class Config(ConfigModel):
                 yield ("rules", number), f"this rule is never used: {hidden}"
             elif rule.when is None:
                 catch_all.setdefault(rule.tool, number)
+        if self.defaults is not None and "*" in catch_all:
+            every = f"rules.{catch_all['*']} (tool '*', without when) matches every call first"
+            yield ("defaults",), f"never used: {every}"
 
     def expand(self, reviewers: Sequence[Reviewer]) -> list[Reviewer]:
         """The reviewers with each `group:<name>` replaced by the group's members (an

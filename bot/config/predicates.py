@@ -1,6 +1,7 @@
 """Predicates on a call's arguments, as the file writes them (`PredicateSpec`: `{gt:
 {amount: 100}}`, `{all: [...]}`) and as they run (`AllOf`, `AnyOf` and the core predicates
-a spec builds)."""
+a spec builds); and the bounds of edits (`BoundSpec`), written the same way with values that
+may name an argument of the original call (`{le: {amount: {original: amount}}}`)."""
 
 from __future__ import annotations
 
@@ -57,9 +58,9 @@ _COMPARISONS: dict[str, Callable[[str, Any], Predicate]] = {
 }
 
 
-class PredicateSpec(ConfigModel):
-    """A test on a call's arguments, written as a mapping with exactly one key:
-    `{gt: {amount: 100}}`, `{matches: {to: '@ext\\.com$'}}`, `{all: [..., ...]}`."""
+class _PredicateForm(ConfigModel):
+    """The keys a predicate (`PredicateSpec`) or a bound (`BoundSpec`) is written with, one
+    per mapping; each adds its own `all` and `any`."""
 
     key_noun: ClassVar[str] = "predicate"
 
@@ -79,10 +80,6 @@ class PredicateSpec(ConfigModel):
     """`{argument: regex, ...}`: every named argument matches its regex."""
     any_field: dict[str, str] | None = None
     """`{argument: regex, ...}`: at least one named argument matches its regex."""
-    all: list[PredicateSpec] | None = None
-    """Every listed predicate matches."""
-    any: list[PredicateSpec] | None = None
-    """At least one listed predicate matches."""
 
     @model_validator(mode="before")
     @classmethod
@@ -110,20 +107,7 @@ class PredicateSpec(ConfigModel):
             return value
         _one_argument(value)
         argument, expected = next(iter(value.items()))
-        if info.field_name == "eq":
-            allowed: tuple[type, ...] = (int, float, str, bool, type(None))
-            kinds = "a number, a string, a boolean or null"
-        else:  # an order: Python would compare True with 1, and None with nothing
-            allowed, kinds = (int, float, str), "a number or a string"
-        if not isinstance(expected, allowed) or (
-            isinstance(expected, bool) and bool not in allowed
-        ):
-            raise problem(
-                f"expected {kinds} to compare with, not {shown(expected)}{_date_hint(expected)}",
-                argument,
-            )
-        if isinstance(expected, float) and expected != expected:
-            raise problem("expected a number, not NaN (it compares false with all)", argument)
+        _check_compared(str(info.field_name), argument, expected)
         return value
 
     @field_validator("matches")
@@ -143,15 +127,15 @@ class PredicateSpec(ConfigModel):
             _check_patterns(value)
         return value
 
-    @field_validator("all", "any")
+    @field_validator("all", "any", check_fields=False)
     @classmethod
-    def _combined(cls, value: list[PredicateSpec] | None) -> list[PredicateSpec] | None:
+    def _combined(cls, value: list[Any] | None) -> list[Any] | None:
         if value is not None and not value:
             raise problem("expected a list of at least one predicate")
         return value
 
     @model_validator(mode="after")
-    def _buildable(self) -> PredicateSpec:
+    def _buildable(self) -> _PredicateForm:
         if getattr(self, self.name) is None:
             raise problem("expected a value, not null", self.name)
         try:  # whatever core refuses is refused now, not when the first call is tested
@@ -189,9 +173,103 @@ class PredicateSpec(ConfigModel):
     def argument_names(self) -> set[str]:
         """Every argument the predicate reads, through `all` and `any` too."""
         if self.name in ("all", "any"):
-            specs: list[PredicateSpec] = getattr(self, self.name)
+            specs: list[_PredicateForm] = getattr(self, self.name)
             return set().union(*(spec.argument_names() for spec in specs))
         return set(self.arguments_of(self.name))
+
+
+class PredicateSpec(_PredicateForm):
+    """A test on a call's arguments, written as a mapping with exactly one key:
+    `{gt: {amount: 100}}`, `{matches: {to: '@ext\\.com$'}}`, `{all: [..., ...]}`."""
+
+    all: list[PredicateSpec] | None = None
+    """Every listed predicate matches."""
+    any: list[PredicateSpec] | None = None
+    """At least one listed predicate matches."""
+
+
+ORIGINAL = "original"
+"""The key of a bound's value that names an argument of the original call."""
+
+
+class BoundSpec(_PredicateForm):
+    """A bound an edited call must meet (an entry of `edit_bounds`), written like a predicate
+    of `when`: `{gt: {amount: 0}}`, `{all: [...]}`. A value to compare with may be
+    `{original: <argument>}`, that argument as the call asked for it: `{le: {amount:
+    {original: amount}}}`. `bot.bounds.edit_refusal` tests it (not `to_predicate`, which
+    knows no original call); one that cannot be tested refuses the edit."""
+
+    all: list[BoundSpec] | None = None
+    """Every listed bound holds."""
+    any: list[BoundSpec] | None = None
+    """At least one listed bound holds."""
+
+    @field_validator(*_COMPARISONS)
+    @classmethod
+    def _comparison(
+        cls, value: dict[str, Any] | None, info: ValidationInfo
+    ) -> dict[str, Any] | None:
+        if value is None:
+            return value
+        _one_argument(value)
+        argument, expected = next(iter(value.items()))
+        if isinstance(expected, Mapping):
+            _check_reference(expected, argument)
+        elif isinstance(expected, str) and expected.startswith(f"{ORIGINAL}."):
+            name = expected.removeprefix(f"{ORIGINAL}.")
+            raise problem(
+                f"{expected!r} would be compared as a string; to compare with the original "
+                f"call's {name}, write {{{ORIGINAL}: {name}}}",
+                argument,
+            )
+        else:
+            _check_compared(str(info.field_name), argument, expected)
+        return value
+
+    def references(self) -> set[str]:
+        """Every argument of the original call the bound reads (through `all` and `any`)."""
+        if self.name in ("all", "any"):
+            specs: list[BoundSpec] = getattr(self, self.name)
+            return set().union(*(spec.references() for spec in specs))
+        values = self.arguments_of(self.name).values()
+        return {str(value[ORIGINAL]) for value in values if isinstance(value, Mapping)}
+
+    def to_json(self) -> dict[str, Any]:
+        """The bound as the file writes it, in JSON values (kept with a review's policy)."""
+        return self.model_dump(mode="json", exclude_unset=True)
+
+
+def _check_compared(name: str, argument: str, expected: object) -> None:
+    """Refuse a value a comparison cannot use: only numbers and strings are ordered."""
+    if name == "eq":
+        allowed: tuple[type, ...] = (int, float, str, bool, type(None))
+        kinds = "a number, a string, a boolean or null"
+    else:  # an order: Python would compare True with 1, and None with nothing
+        allowed, kinds = (int, float, str), "a number or a string"
+    if not isinstance(expected, allowed) or (isinstance(expected, bool) and bool not in allowed):
+        raise problem(
+            f"expected {kinds} to compare with, not {shown(expected)}{_date_hint(expected)}",
+            argument,
+        )
+    if isinstance(expected, float) and expected != expected:
+        raise problem("expected a number, not NaN (it compares false with all)", argument)
+
+
+def _check_reference(value: Mapping[Any, Any], argument: str) -> None:
+    """Refuse a mapping that is not `{original: <argument name>}`."""
+    if set(value) != {ORIGINAL}:
+        found = ", ".join(str(key) for key in value) or "none"
+        raise problem(
+            f"expected {{{ORIGINAL}: <argument>}} naming an argument of the original call, "
+            f"or a number or a string; found the keys {found}",
+            argument,
+        )
+    name = value[ORIGINAL]
+    if not isinstance(name, str) or not _ARGUMENT.fullmatch(name):
+        raise problem(f"expected an argument name, not {shown(name)}", argument, ORIGINAL)
+
+
+_ARGUMENT = re.compile(r"[A-Za-z_]\w*")
 
 
 def _one_argument(value: Mapping[str, Any]) -> None:

@@ -119,6 +119,15 @@ def _reviewer(value: object) -> Reviewer:
 ReviewerEntry: TypeAlias = Annotated[Reviewer, PlainValidator(_reviewer)]
 """A reviewer, written as a string in the file."""
 
+_SLACK_USER = re.compile(rf"[UW]{_SLACK_ID}")
+
+
+def normalize_handle(handle: str) -> str:
+    """A handle (a Slack user id, an email address, a name) as the bot compares it: Slack
+    user ids as they are, anything else lowercased."""
+    text = handle.strip()
+    return text if _SLACK_USER.fullmatch(text) else text.lower()
+
 
 def _post_target(value: object) -> str:
     if value == "dm":

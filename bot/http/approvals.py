@@ -14,7 +14,7 @@ A decision is recorded with `decided_by` set to the token's name and channel `ap
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any, TypeAlias, TypeVar
 
 from pydantic import BaseModel
@@ -25,6 +25,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from bot.authorize import Verdict
 from bot.config import ApiToken
 from bot.http.auth import ApiError, TokenTable
 from bot.http.common import json_body, json_response, parse
@@ -40,6 +41,7 @@ from bot.http.schemas import (
     HealthView,
     ListQuery,
 )
+from bot.people import People
 from bot.policy import SELF_APPROVAL_REASON
 from bot.service import BotService
 from core import (
@@ -66,20 +68,26 @@ __all__ = ["SELF_APPROVAL_REASON", "AuthorizeDecision", "create_app", "refuse_se
 
 log = logging.getLogger(__name__)
 
-AuthorizeDecision: TypeAlias = Callable[[str, ApprovalRecord, Decision], "str | None"]
-"""`(principal, record, decision) -> reason to refuse, or None to allow`."""
+AuthorizeDecision: TypeAlias = Callable[[str, ApprovalRecord, Decision], Awaitable[Verdict]]
+"""`(handle, record, decision) -> Verdict`: the person the handle stands for, and the reason
+to refuse (None to allow). The bot's is `bot.authorize.Authorizer`."""
 
 CHANNEL = "api"
 
 _M = TypeVar("_M", bound=BaseModel)
 
 
-def refuse_self_approval(principal: str, record: ApprovalRecord, decision: Decision) -> str | None:
+async def refuse_self_approval(
+    principal: str, record: ApprovalRecord, decision: Decision
+) -> Verdict:
     """The default `authorize_decision`: whoever started the run may deny its calls, not
-    approve or edit them."""
-    if decision.approved and record.request.requested_by == principal:
-        return SELF_APPROVAL_REASON
-    return None
+    approve or edit them (handles compared as written, addresses case-insensitively)."""
+    people = People()  # no entries, no Slack: handles as written
+    person = await people.person(principal)
+    requester = record.request.requested_by
+    if decision.approved and requester is not None and await people.same(requester, principal):
+        return Verdict(person.key, SELF_APPROVAL_REASON)
+    return Verdict(person.key, None)
 
 
 def create_app(
@@ -192,15 +200,26 @@ class _ApprovalsApi:
         body = parse(DecideBody, await json_body(request), "invalid decision")
         record = await self._record(request.path_params["approval_id"])
         decision = body.to_decision(principal)
-        refused = self.authorize(principal, record, decision)
-        if refused is not None:
+        verdict = await self.authorize(principal, record, decision)
+        evidence = {"token": principal}
+        if verdict.refusal is not None:
             await self.store.refuse(
-                record.approval_id, actor=principal, channel=CHANNEL, reason=refused
+                record.approval_id,
+                actor=principal,
+                channel=CHANNEL,
+                reason=verdict.refusal,
+                person=verdict.person,
+                evidence=evidence,
             )
-            raise ApiError(403, refused, details={"approval_id": record.approval_id})
+            raise ApiError(403, verdict.refusal, details={"approval_id": record.approval_id})
         try:
             decided = await self.executor.decide(
-                record.approval_id, decision, decided_by=principal, channel=CHANNEL
+                record.approval_id,
+                decision,
+                decided_by=principal,
+                channel=CHANNEL,
+                person=verdict.person,
+                evidence=evidence,
             )
         except ApprovalAlreadyDecided as exc:
             first = f" by {exc.decided_by}" if exc.decided_by else ""

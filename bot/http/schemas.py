@@ -105,15 +105,18 @@ class EventView(_Model):
     seq: int
     """The event's position in the whole log."""
     kind: str
-    """created, decided, consumed, finished or refused."""
+    """created, voted, decided, consumed, finished, refused, delivered or undelivered."""
     at: datetime
     """When it happened (UTC)."""
     actor: str | None
-    """Who acted."""
+    """Who acted: the handle used (a Slack user id, an address, a token's name)."""
+    person: str | None
+    """The person that handle resolved to (`person:ana`, `email:ana@example.com`), if any."""
     channel: str | None
     """Through which channel: api, slack, executor, ..."""
     detail: dict[str, Any]
-    """The outcome, or the reason of a refusal."""
+    """The outcome, or the reason of a refusal; for votes and decisions the action, reason,
+    edit, the arguments' digest and the channel's evidence."""
 
     @classmethod
     def of(cls, event: ApprovalEvent) -> EventView:
@@ -123,6 +126,7 @@ class EventView(_Model):
             kind=event.kind,
             at=event.at,
             actor=event.actor,
+            person=event.person,
             channel=event.channel,
             detail=event.detail,
         )

@@ -215,6 +215,15 @@ class SlackChannel:
             if d.channel == self.name and d.kind in ("request", "escalation")
         ]
 
+    async def posted_channels(self, record: ApprovalRecord, reviewer: str) -> set[str]:
+        """The ids of the channels the review was posted to for a channel reviewer (written
+        as #name or as an id)."""
+        found = {reviewer} if not reviewer.startswith("#") else set()
+        for delivery in await self.posts(record.approval_id):
+            if delivery.target == f"slack:channel:{reviewer}":
+                found.update(message["channel"] for message in messages_of(delivery.ref))
+        return found
+
     async def _update_all(self, record: ApprovalRecord) -> dict[str, Any]:
         posts = await self.posts(record.approval_id)
         messages = [message for d in posts for message in messages_of(d.ref)]

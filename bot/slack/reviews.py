@@ -2,31 +2,33 @@
 `AsyncApp` that Slack reaches over HTTP (`/slack/events`) or Socket Mode.
 
 Every click is answered (`ack`) at once, as Slack requires within 3 seconds. Who may decide is
-the rule's say, kept with the review: its reviewers are Slack users, user groups (their
-members, asked of Slack and cached), channels (the members of the channel the review was
-posted to) and email addresses (matched with the clicker's address); the run's requester may
-not approve unless the rule allows it. Anyone else gets an ephemeral message, and the refused
-attempt goes to the review's events. A decision is recorded through `Executor.decide` (an
-edit is validated with the tool's model first), with `decided_by` the Slack user id and the
-channel `slack`; the workers are woken, the run goes on, and the outbox updates the messages.
+the rule's say, kept with the review, checked person by person (`bot.authorize.Authorizer`):
+its reviewers are Slack users, user groups (their members, asked of Slack and cached),
+channels (the members of a channel the review was posted to) and email addresses (the
+clicker's address, as Slack holds it); the run's requester, under any of their handles, may
+not approve unless the rule allows it. A check that cannot be made (Slack failing to say who
+the clicker is) refuses. Anyone refused gets an ephemeral message, and the refused attempt
+goes to the review's events with the clicker's person and the click's evidence. A decision
+is recorded through `Executor.decide` (an edit is validated with the tool's model first),
+with `decided_by` the Slack user id, the person and the click's evidence, channel `slack`;
+the workers are woken, the run goes on, and the outbox updates the messages.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from datetime import datetime
 from typing import Any
 
 from slack_bolt.adapter.socket_mode.websockets import AsyncSocketModeHandler
 from slack_bolt.async_app import AsyncAck, AsyncApp
 from slack_sdk.errors import SlackApiError
 
-from bot.config import SlackConfig, parse_reviewer
-from bot.config.values import Reviewer
+from bot.authorize import Authorizer, Verdict
+from bot.config import SlackConfig
 from bot.forms import FIELD_PREFIX, EditField, edit_fields, parse_edit
-from bot.policy import SELF_APPROVAL_REASON, authorize_by_rules
-from bot.slack.channel import SlackChannel, messages_of
+from bot.people import People
+from bot.slack.channel import SlackChannel
 from bot.slack.messages import (
     ACTION_APPROVE,
     ACTION_DENY,
@@ -49,14 +51,12 @@ from core import (
     ToolDecision,
     UnknownToolError,
 )
-from core.store import utc_now
 
 __all__ = ["CHANNEL", "SlackReviews", "connect_socket_mode"]
 
 log = logging.getLogger(__name__)
 
 CHANNEL = "slack"
-NOT_A_REVIEWER = "you are not one of the reviewers of this call"
 
 
 class SlackReviews:
@@ -68,12 +68,16 @@ class SlackReviews:
         channel: SlackChannel,
         *,
         on_decided: Callable[[], None] | None = None,
+        authorizer: Authorizer | None = None,
     ) -> None:
         self.config = config
         self.channel = channel
         self.store = channel.store
         self.registry = channel.registry
-        self.directory = channel.directory
+        self.authorizer = authorizer or Authorizer(
+            People(directory=channel.directory, ttl=config.cache_ttl),
+            posted_channels=channel.posted_channels,
+        )
         self.executor = Executor(self.registry, approval=DeferredApproval(self.store))
         self.on_decided = on_decided
         secret = config.signing_secret.get_secret_value() if config.signing_secret else None
@@ -100,9 +104,9 @@ class SlackReviews:
         if record is None:
             return
         decision = Decision(approved=True, decided_by=click.user)
-        if await self._refused(click, record, decision):
-            return
-        await self._decide(click, record, decision)
+        verdict = await self._allowed(click, record, decision)
+        if verdict is not None:
+            await self._decide(click, record, decision, verdict)
 
     async def _edit(self, ack: AsyncAck, body: dict[str, Any]) -> None:
         await ack()
@@ -113,7 +117,8 @@ class SlackReviews:
         if "edit" not in (record.request.policy.get("allowed_decisions") or ["edit"]):
             await self._tell(click, "this call may not be edited; approve or deny it")
             return
-        if await self._refused(click, record, Decision(approved=True, decided_by=click.user)):
+        probe = Decision(approved=True, decided_by=click.user)
+        if await self._allowed(click, record, probe) is None:
             return
         fields = self._fields(record)
         if not fields:
@@ -129,7 +134,8 @@ class SlackReviews:
         record = await self._record(click)
         if record is None:
             return
-        if await self._refused(click, record, Decision(approved=False, decided_by=click.user)):
+        probe = Decision(approved=False, decided_by=click.user)
+        if await self._allowed(click, record, probe) is None:
             return
         await self.channel.client.views_open(
             trigger_id=click.trigger_id, view=_with_channel(deny_modal(record), click)
@@ -158,16 +164,19 @@ class SlackReviews:
             await ack(response_action="errors", errors=_first(view, message))
             return
         decision = ToolDecision(action="edit", arguments=parsed.edited).to_decision(click.user)
-        refusal = await self._authorize(click, record, decision)
-        if refusal is not None:
-            await self.store.refuse(
-                record.approval_id, actor=click.user, channel=CHANNEL, reason=refusal
-            )
-            await ack(response_action="errors", errors=_first(view, refusal))
+        verdict = await self.authorizer.check(click.user, record, decision)
+        if verdict.refusal is not None:
+            await self._record_refusal(click, record, verdict)
+            await ack(response_action="errors", errors=_first(view, verdict.refusal))
             return
         try:
             await self.executor.decide(
-                record.approval_id, decision, decided_by=click.user, channel=CHANNEL
+                record.approval_id,
+                decision,
+                decided_by=click.user,
+                channel=CHANNEL,
+                person=verdict.person,
+                evidence=click.evidence,
             )
         except InvalidArgumentsError as exc:
             errors = {}
@@ -195,16 +204,23 @@ class SlackReviews:
         if record is None:
             return
         decision = Decision(approved=False, reason=reason, decided_by=click.user)
-        if await self._refused(click, record, decision):
-            return
-        await self._decide(click, record, decision)
+        verdict = await self._allowed(click, record, decision)
+        if verdict is not None:
+            await self._decide(click, record, decision, verdict)
 
     # --- shared -------------------------------------------------------------------------------
 
-    async def _decide(self, click: _Click, record: ApprovalRecord, decision: Decision) -> None:
+    async def _decide(
+        self, click: _Click, record: ApprovalRecord, decision: Decision, verdict: Verdict
+    ) -> None:
         try:
             decided = await self.executor.decide(
-                record.approval_id, decision, decided_by=click.user, channel=CHANNEL
+                record.approval_id,
+                decision,
+                decided_by=click.user,
+                channel=CHANNEL,
+                person=verdict.person,
+                evidence=click.evidence,
             )
         except (ApprovalAlreadyDecided, ApprovalAlreadyVoted) as exc:
             await self._tell(click, _why(exc))
@@ -226,80 +242,29 @@ class SlackReviews:
             await self._tell(click, "this review no longer exists")
             return None
 
-    async def _refused(self, click: _Click, record: ApprovalRecord, decision: Decision) -> bool:
-        """Whether the clicker may not make `decision`; if so, they are told and the refused
-        attempt is recorded."""
-        refusal = await self._authorize(click, record, decision)
-        if refusal is None:
-            return False
-        await self.store.refuse(
-            record.approval_id, actor=click.user, channel=CHANNEL, reason=refusal
-        )
-        await self._tell(click, refusal)
-        return True
-
-    async def _authorize(
+    async def _allowed(
         self, click: _Click, record: ApprovalRecord, decision: Decision
-    ) -> str | None:
-        """None when the rule lets the clicker make `decision`, else why not."""
-        policy = record.request.policy
-        email = await self._email(click.user)
-        identities = {click.user.lower(), *([email] if email else [])}
-        requester = (record.request.requested_by or "").lower()
-        if decision.approved and requester in identities and not policy.get("allow_self_approval"):
-            return SELF_APPROVAL_REASON
-        listed = list(policy.get("reviewers") or [])
-        escalate_at = policy.get("escalate_at")
-        if escalate_at and utc_now() >= datetime.fromisoformat(escalate_at):
-            listed += policy.get("escalate_to") or []
-        principal = click.user
-        if listed:
-            matched = None
-            for text in listed:
-                if await self._matches(_reviewer(text), click, email, record):
-                    matched = text
-                    break
-            if matched is None:
-                return NOT_A_REVIEWER
-            principal = matched
-        # The rest of the rule (allowed decisions, editable arguments), as on every channel.
-        return authorize_by_rules(principal, record, decision)
+    ) -> Verdict | None:
+        """The verdict when the clicker may make `decision`; else None, once they are told
+        why and the refused attempt is recorded."""
+        verdict = await self.authorizer.check(click.user, record, decision)
+        if verdict.refusal is None:
+            return verdict
+        await self._record_refusal(click, record, verdict)
+        await self._tell(click, verdict.refusal)
+        return None
 
-    async def _matches(
-        self, reviewer: Reviewer | None, click: _Click, email: str | None, record: ApprovalRecord
-    ) -> bool:
-        if reviewer is None:
-            return False
-        try:
-            if reviewer.kind == "slack_user":
-                return reviewer.value == click.user
-            if reviewer.kind == "email":
-                return email is not None and reviewer.value == email
-            if reviewer.kind == "slack_user_group":
-                return click.user in await self.directory.group_members(reviewer.value)
-            if reviewer.kind == "slack_channel":
-                posted = await self._posted_channels(record, reviewer.text)
-                return (
-                    click.channel in posted
-                    and click.user in await self.directory.channel_members(click.channel)
-                )
-        except SlackApiError as exc:
-            log.warning("could not check reviewer %s: %s", reviewer.text, exc.response.get("error"))
-        return False
-
-    async def _posted_channels(self, record: ApprovalRecord, reviewer: str) -> set[str]:
-        """The channel ids the review was posted to for a channel reviewer (#name or id)."""
-        found = {reviewer} if not reviewer.startswith("#") else set()
-        for delivery in await self.channel.posts(record.approval_id):
-            if delivery.target == f"slack:channel:{reviewer}":
-                found.update(message["channel"] for message in messages_of(delivery.ref))
-        return found
-
-    async def _email(self, user: str) -> str | None:
-        try:
-            return await self.directory.email_of(user)
-        except SlackApiError:
-            return None  # without users:read.email, addresses are not matched
+    async def _record_refusal(
+        self, click: _Click, record: ApprovalRecord, verdict: Verdict
+    ) -> None:
+        await self.store.refuse(
+            record.approval_id,
+            actor=click.user,
+            channel=CHANNEL,
+            reason=verdict.refusal or "refused",
+            person=verdict.person,
+            evidence=click.evidence,
+        )
 
     def _fields(self, record: ApprovalRecord) -> list[EditField]:
         if record.request.tool not in self.registry:
@@ -334,40 +299,60 @@ async def connect_socket_mode(reviews: SlackReviews, config: SlackConfig) -> Asy
 
 
 class _Click:
-    """Who did what on which review, from an interactive payload."""
+    """Who did what on which review, from an interactive payload, and the payload's evidence
+    of it (kept in the audit trail)."""
 
-    def __init__(self, user: str, approval_id: str, channel: str, trigger_id: str) -> None:
+    def __init__(
+        self,
+        user: str,
+        approval_id: str,
+        channel: str,
+        trigger_id: str,
+        evidence: dict[str, str],
+    ) -> None:
         self.user = user
         self.approval_id = approval_id
         self.channel = channel
         self.trigger_id = trigger_id
+        self.evidence = evidence
 
     @classmethod
     def of(cls, body: dict[str, Any]) -> _Click:
         action = (body.get("actions") or [{}])[0]
+        user = str(body["user"]["id"])
+        channel = str((body.get("channel") or {}).get("id") or "")
+        evidence = {
+            "user": user,
+            "team": _team(body),
+            "action_ts": str(action.get("action_ts") or ""),
+            "channel": channel,
+            "message_ts": str((body.get("container") or {}).get("message_ts") or ""),
+        }
         return cls(
-            user=str(body["user"]["id"]),
+            user=user,
             approval_id=str(action.get("value", "")),
-            channel=str((body.get("channel") or {}).get("id") or ""),
+            channel=channel,
             trigger_id=str(body.get("trigger_id") or ""),
+            evidence={key: value for key, value in evidence.items() if value},
         )
 
     @classmethod
     def of_view(cls, body: dict[str, Any], view: dict[str, Any]) -> _Click:
         approval_id, _, channel = str(view.get("private_metadata") or "").partition(" ")
-        return cls(str(body["user"]["id"]), approval_id, channel, "")
+        user = str(body["user"]["id"])
+        evidence = {"user": user, "team": _team(body), "view_id": str(view.get("id") or "")}
+        kept = {key: value for key, value in evidence.items() if value}
+        return cls(user, approval_id, channel, "", kept)
+
+
+def _team(body: dict[str, Any]) -> str:
+    team = body.get("team") or {}
+    return str(team.get("id") or body["user"].get("team_id") or "")
 
 
 def _with_channel(view: dict[str, Any], click: _Click) -> dict[str, Any]:
     """The modal, remembering (in its metadata) the channel of the click, for messages."""
     return {**view, "private_metadata": f"{view['private_metadata']} {click.channel}".strip()}
-
-
-def _reviewer(text: object) -> Reviewer | None:
-    try:
-        return parse_reviewer(text)
-    except ValueError:
-        return None
 
 
 def _form(view: dict[str, Any], fields: list[EditField]) -> dict[str, str]:

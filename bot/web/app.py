@@ -9,7 +9,8 @@
 | `POST /inbox/approvals/{id}/decide`    | approve, edit or deny (form-encoded)               |
 | `POST /inbox/logout`                   | ends the session                                   |
 
-A decision goes the way of the API's: the rule's policy allows it (`authorize_by_rules`),
+A decision goes the way of the API's: the rule's policy allows it, person by person
+(`bot.authorize.Authorizer`: the signed-in address is the same reviewer as its Slack user),
 then `Executor.decide` validates an edit with the tool's model and records it, with
 `decided_by` the signed-in reviewer and channel `web`. Every page escapes what it shows:
 arguments come from a model and are not trusted.
@@ -17,6 +18,7 @@ arguments come from a model and are not trusted.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import secrets
@@ -36,7 +38,7 @@ from starlette.routing import Route
 from bot.config import WebConfig
 from bot.forms import EditField, edit_fields, is_long, parse_edit, shown
 from bot.http import AuthorizeDecision
-from bot.policy import authorize_by_rules
+from bot.http.approvals import refuse_self_approval
 from bot.service import BotService
 from bot.web.signing import Session, Signer, TokenError, link_for
 from core import (
@@ -125,7 +127,7 @@ class WebInbox:
         registry: ToolRegistry,
         web: WebConfig,
         service: BotService | None = None,
-        authorize: AuthorizeDecision = authorize_by_rules,
+        authorize: AuthorizeDecision = refuse_self_approval,
         clock: Callable[[], float] = time.time,
     ) -> None:
         secret = web.secret.get_secret_value() if web.secret is not None else None
@@ -221,10 +223,13 @@ class WebInbox:
         who = session.principal
         pending = []
         for record in await self.store.list(status="pending"):
-            actions = self._actions(who, record)
+            person, actions = await self._actions(who, record)
             if any(reason is None for reason in actions.values()):
                 votes = await self._votes(record)
-                pending.append({"record": record, "votes": votes, "voted": who in votes})
+                voted = any(person in (e.person, e.actor) for e in votes)
+                pending.append(
+                    {"record": record, "votes": [_voter(e) for e in votes], "voted": voted}
+                )
         statuses: tuple[ApprovalStatus, ...] = ("approved", "denied")
         # The newest decisions only: the store may hold years of them.
         decided = [
@@ -233,7 +238,7 @@ class WebInbox:
             for record in await self.store.list(
                 status=status, limit=DECIDED_WINDOW, newest_first=True
             )
-            if self._involved(who, record)
+            if await self._involved(who, record)
         ]
         decided.sort(key=lambda record: record.decided_at or record.created_at, reverse=True)
         return self._render(
@@ -259,10 +264,11 @@ class WebInbox:
                 f"The form asked for {action!r}; a decision is approve, edit or deny.",
                 approval_id=record.approval_id,
             )
-        refused = self._actions(who, record)[action]
-        if refused is not None:
-            await self.store.refuse(record.approval_id, actor=who, channel=CHANNEL, reason=refused)
-            raise _refused(record, refused)
+        evidence = {"session": _session_ref(session)}
+        if action == "edit":
+            _, actions = await self._actions(who, record)
+            if actions["edit"] is not None:
+                await self._refuse(record, who, None, actions["edit"], evidence)
         reason = form.get("reason", "").strip() or None
         decision = Decision(approved=action != "deny", reason=reason, decided_by=who)
         if action == "edit":
@@ -289,15 +295,17 @@ class WebInbox:
                 )
             answer = ToolDecision(action="edit", arguments=parsed.edited, message=reason)
             decision = answer.to_decision(who)
-            refused = self.authorize(who, record, decision)
-            if refused is not None:
-                await self.store.refuse(
-                    record.approval_id, actor=who, channel=CHANNEL, reason=refused
-                )
-                raise _refused(record, refused)
+        verdict = await self.authorize(who, record, decision)
+        if verdict.refusal is not None:
+            await self._refuse(record, who, verdict.person, verdict.refusal, evidence)
         try:
             decided = await self.executor.decide(
-                record.approval_id, decision, decided_by=who, channel=CHANNEL
+                record.approval_id,
+                decision,
+                decided_by=who,
+                channel=CHANNEL,
+                person=verdict.person,
+                evidence=evidence,
             )
         except ApprovalAlreadyDecided as exc:
             raise _already_decided(record.approval_id, exc.decided_by) from None
@@ -349,9 +357,10 @@ class WebInbox:
     ) -> Response:
         who = session.principal
         events = await self.store.events(record.approval_id)
-        votes = [e.actor for e in events if e.kind == "voted" and e.actor]
-        actions = self._actions(who, record) if record.status == "pending" else {}
-        if who in votes:
+        voted = [e for e in events if e.kind == "voted"]
+        person, actions = await self._actions(who, record)
+        has_voted = any(person in (e.person, e.actor) for e in voted)
+        if record.status != "pending" or has_voted:
             actions = {}
         description: str | None = None
         if record.request.tool in self.registry:
@@ -369,7 +378,8 @@ class WebInbox:
             tool_description=description,
             arguments=arguments,
             events=[_event(e) for e in events],
-            votes=votes,
+            votes=[_voter(e) for e in voted],
+            voted=has_voted,
             actions=actions,
             may_decide=any(reason is None for reason in actions.values()),
             fields=fields if fields is not None else self._fields(record),
@@ -388,12 +398,14 @@ class WebInbox:
         editable = record.request.policy.get("editable")
         return edit_fields(self._schemas[tool], record.request.arguments, editable)
 
-    def _actions(self, who: str, record: ApprovalRecord) -> dict[Action, str | None]:
-        """Each action, and why the policy refuses it to `who` (None: allowed)."""
-        found: dict[Action, str | None] = {
-            "approve": self.authorize(who, record, Decision(approved=True)),
-            "deny": self.authorize(who, record, Decision(approved=False)),
-        }
+    async def _actions(
+        self, who: str, record: ApprovalRecord
+    ) -> tuple[str | None, dict[Action, str | None]]:
+        """The person `who` stands for, and each action with why the policy refuses it to
+        them (None: allowed)."""
+        approve = await self.authorize(who, record, Decision(approved=True))
+        deny = await self.authorize(who, record, Decision(approved=False))
+        found: dict[Action, str | None] = {"approve": approve.refusal, "deny": deny.refusal}
         fields = self._fields(record)
         if record.request.approvals_required > 1:
             found["edit"] = "a review that needs several approvals cannot be edited"
@@ -401,21 +413,42 @@ class WebInbox:
             found["edit"] = "none of this call's arguments may be edited here"
         else:
             probe = {fields[0].name: record.request.arguments.get(fields[0].name)}
-            found["edit"] = self.authorize(who, record, Decision(approved=True, edited_args=probe))
-        return found
+            edit = await self.authorize(who, record, Decision(approved=True, edited_args=probe))
+            found["edit"] = edit.refusal
+        return approve.person, found
 
-    def _involved(self, who: str, record: ApprovalRecord) -> bool:
+    async def _involved(self, who: str, record: ApprovalRecord) -> bool:
         """Whether `who` decided `record` or was among those who might have."""
         decided_by = record.decision.decided_by if record.decision else None
         if decided_by and who.lower() in (name.lower() for name in decided_by.split(", ")):
             return True
-        return any(reason is None for reason in self._actions(who, record).values())
+        _, actions = await self._actions(who, record)
+        return any(reason is None for reason in actions.values())
 
-    async def _votes(self, record: ApprovalRecord) -> list[str]:
+    async def _votes(self, record: ApprovalRecord) -> list[ApprovalEvent]:
         if record.request.approvals_required <= 1:
             return []
         events = await self.store.events(record.approval_id)
-        return [e.actor for e in events if e.kind == "voted" and e.actor]
+        return [e for e in events if e.kind == "voted"]
+
+    async def _refuse(
+        self,
+        record: ApprovalRecord,
+        who: str,
+        person: str | None,
+        reason: str,
+        evidence: dict[str, Any],
+    ) -> None:
+        """Record the refused attempt, then raise the page that says why."""
+        await self.store.refuse(
+            record.approval_id,
+            actor=who,
+            channel=CHANNEL,
+            reason=reason,
+            person=person,
+            evidence=evidence,
+        )
+        raise _refused(record, reason)
 
     async def _record(self, approval_id: str) -> ApprovalRecord:
         try:
@@ -566,6 +599,16 @@ def _when(moment: datetime | None) -> str:
 
 def _compact(value: Any) -> str:
     return json.dumps(value, ensure_ascii=False)
+
+
+def _voter(event: ApprovalEvent) -> str:
+    """Who cast a vote, as they signed it."""
+    return event.actor or event.person or "someone"
+
+
+def _session_ref(session: Session) -> str:
+    """The session, as recorded in the audit trail: a digest, not the id itself."""
+    return hashlib.sha256(session.session_id.encode()).hexdigest()[:16]
 
 
 def _edited(record: ApprovalRecord) -> dict[str, Any] | None:

@@ -479,7 +479,8 @@ def test_an_unknown_top_level_key_names_the_file_line_and_expected_keys(tmp_path
     problem = only_problem(tmp_path, "server: {}\nservers:\n  port: 1\n")
     assert problem == (
         f"{tmp_path / 'nodbot.yml'}:2: servers: unknown key 'servers'; expected one of: "
-        "store, server, workers, agents, reviewer_groups, rules, slack, email, api, web, webhooks"
+        "store, server, workers, agents, reviewer_groups, people, rules, defaults, slack, email, "
+        "api, web, webhooks, audit"
     )
 
 
@@ -497,7 +498,7 @@ def test_an_unknown_rule_key_names_the_dotted_path(tmp_path: Path) -> None:
     )
     assert problem.startswith(
         f"{tmp_path / 'nodbot.yml'}:6: rules.1.reviewerz: unknown key 'reviewerz'; "
-        "expected one of: tool, when, description, decision, reviewers,"
+        "expected one of: tool, when, decision, description, reviewers,"
     )
 
 
@@ -869,6 +870,168 @@ def test_a_rule_hidden_by_an_earlier_one_is_an_error(tmp_path: Path) -> None:
     ]
 
 
+# --- defaults: and edit_bounds --------------------------------------------------------------
+
+
+def test_defaults_section_loads_as_a_review_policy(tmp_path: Path) -> None:
+    config = load(
+        tmp_path,
+        """
+        reviewer_groups:
+          leads: [U0123ABCDE, lead@example.com]
+        defaults:
+          description: Tools that ask for review and no rule covers.
+          reviewers: [group:leads]
+          timeout: 1h
+          timeout_decision: deny
+          allowed_decisions: [approve, edit, deny]
+          editable: [amount]
+          edit_bounds: [{gt: {amount: 0}}]
+          approvals_required: 2
+          escalate_after: 30m
+          escalate_to: [ops@example.com]
+        """,
+    )
+    defaults = config.defaults
+    assert defaults is not None
+    assert [reviewer.text for reviewer in config.expand(defaults.reviewers or [])] == [
+        "U0123ABCDE",
+        "lead@example.com",
+    ]
+    assert (defaults.timeout, defaults.escalate_after, defaults.approvals_required) == (
+        3600,
+        1800,
+        2,
+    )
+    assert [bound.to_json() for bound in defaults.edit_bounds or []] == [{"gt": {"amount": 0}}]
+    assert load(tmp_path, "rules: []\n").defaults is None
+
+
+@pytest.mark.parametrize(
+    ("defaults", "line", "key", "expected"),
+    [
+        ("  timeout: 1h", 1, "defaults", "defaults need reviewers: who decides the calls no"),
+        ("  reviewers: [U0123ABCDE]\n  tool: refund", 3, "defaults.tool", "unknown key 'tool'"),
+        ("  reviewers: [U0123ABCDE]\n  decision: deny", 3, "defaults.decision", "unknown key"),
+        ("  reviewers: [U0123ABCDE]\n  when: {gt: {a: 1}}", 3, "defaults.when", "unknown key"),
+        ("  reviewers: []", 2, "defaults.reviewers", "expected at least one reviewer"),
+        ("  reviewers: [group:nope]", 2, "defaults.reviewers.0", "no reviewer group named 'nope'"),
+        (
+            "  reviewers: [U0123ABCDE]\n  timeout: 1h\n  escalate_after: 2h\n"
+            "  escalate_to: [U0456FGHIJ]",
+            4,
+            "defaults.escalate_after",
+            "must be shorter than timeout",
+        ),
+        (
+            "  reviewers: [U0123ABCDE]\n  approvals_required: 2",
+            3,
+            "defaults.approvals_required",
+            "2 approvals cannot come from 1 listed reviewer(s)",
+        ),
+        (
+            "  reviewers: [U0123ABCDE]\n  allowed_decisions: [approve]\n"
+            "  edit_bounds: [{gt: {a: 0}}]",
+            4,
+            "defaults.edit_bounds",
+            "has no effect unless allowed_decisions includes edit",
+        ),
+    ],
+)
+def test_defaults_are_validated_like_a_rule(
+    tmp_path: Path, defaults: str, line: int, key: str, expected: str
+) -> None:
+    problem = only_problem(tmp_path, f"defaults:\n{defaults}\n")
+    assert problem.startswith(f"{tmp_path / 'nodbot.yml'}:{line}: {key}: {expected}"), problem
+
+
+def test_defaults_after_a_rule_for_every_call_are_never_used(tmp_path: Path) -> None:
+    problem = only_problem(
+        tmp_path,
+        'rules:\n  - tool: "*"\n    decision: deny\ndefaults:\n  reviewers: [U0123ABCDE]\n',
+    )
+    assert problem == (
+        f"{tmp_path / 'nodbot.yml'}:4: defaults: never used: rules.0 (tool '*', without when) "
+        "matches every call first"
+    )
+
+
+def test_edit_bounds_load_with_references_to_the_original(tmp_path: Path) -> None:
+    rule = rule_of(
+        tmp_path,
+        """
+        tool: refund
+        reviewers: [U0123ABCDE]
+        edit_bounds:
+          - {gt: {amount: 0}}
+          - {le: {amount: {original: amount}}}
+          - any: [{eq: {currency: {original: currency}}}, {matches: {currency: '^EUR$'}}]
+        """,
+    )
+    bounds = rule.edit_bounds or []
+    assert [bound.to_json() for bound in bounds] == [
+        {"gt": {"amount": 0}},
+        {"le": {"amount": {"original": "amount"}}},
+        {
+            "any": [
+                {"eq": {"currency": {"original": "currency"}}},
+                {"matches": {"currency": "^EUR$"}},
+            ]
+        },
+    ]
+    assert [sorted(bound.references()) for bound in bounds] == [[], ["amount"], ["currency"]]
+    assert sorted(bounds[2].argument_names()) == ["currency"]
+
+
+@pytest.mark.parametrize(
+    ("bounds", "key", "expected"),
+    [
+        ("[]", "edit_bounds", "expected at least one bound, such as {gt: {amount: 0}}"),
+        ("{gt: {amount: 0}}", "edit_bounds", "Input should be a valid list"),
+        ("[{gt: {amount: 0}, lt: {amount: 9}}]", "edit_bounds.0", "a predicate has exactly one"),
+        ("[{below: {amount: 0}}]", "edit_bounds.0.below", "unknown predicate 'below'"),
+        (
+            "[{le: {amount: {original: amount, or: 1}}}]",
+            "edit_bounds.0.le.amount",
+            "expected {original: <argument>} naming an argument of the original call, or a "
+            "number or a string; found the keys original, or",
+        ),
+        (
+            "[{le: {amount: {original: 5}}}]",
+            "edit_bounds.0.le.amount.original",
+            "expected an argument name, not 5",
+        ),
+        (
+            "[{le: {amount: original.amount}}]",
+            "edit_bounds.0.le.amount",
+            "'original.amount' would be compared as a string; to compare with the original "
+            "call's amount, write {original: amount}",
+        ),
+        ("[{le: {amount: [1]}}]", "edit_bounds.0.le.amount", "expected a number or a string"),
+        ("[{gt: {amount: true}}]", "edit_bounds.0.gt.amount", "expected a number or a string"),
+        ("[{all: [{matches: {to: '('}}]}]", "edit_bounds.0.all.0.matches.to", "not a valid"),
+    ],
+)
+def test_malformed_edit_bounds_name_the_path(
+    tmp_path: Path, bounds: str, key: str, expected: str
+) -> None:
+    problem = rule_problem(
+        tmp_path, f"tool: refund\nreviewers: [U0123ABCDE]\nedit_bounds: {bounds}"
+    )
+    assert problem.startswith(f"{tmp_path / 'nodbot.yml'}:4: rules.0.{key}: {expected}"), problem
+
+
+def test_edit_bounds_need_a_review_that_allows_edits(tmp_path: Path) -> None:
+    decided = rule_problem(tmp_path, "tool: a\ndecision: approve\nedit_bounds: [{gt: {x: 0}}]")
+    assert "rules.0.edit_bounds: not allowed with decision: approve" in decided
+    no_edit = rule_problem(
+        tmp_path,
+        "tool: a\nreviewers: [U0123ABCDE]\nallowed_decisions: [approve, deny]\n"
+        "edit_bounds: [{gt: {x: 0}}]",
+    )
+    assert "rules.0.edit_bounds: has no effect unless allowed_decisions includes edit" in no_edit
+
+
 # --- agents ---------------------------------------------------------------------------------
 
 AGENTS_MODULE = """
@@ -1042,6 +1205,58 @@ def test_when_must_name_arguments_of_the_tool(tmp_path: Path, agents_module: str
     ]
 
 
+def test_edit_bounds_must_name_arguments_of_the_tool(tmp_path: Path, agents_module: str) -> None:
+    found = check(
+        tmp_path,
+        f"""
+        agents:
+          a: {agents_module}:agent
+        rules:
+          - tool: refund
+            reviewers: [U0123ABCDE]
+            edit_bounds:
+              - {{gt: {{amout: 0}}}}
+              - {{le: {{amount: {{original: total}}}}}}
+              - {{le: {{amount: {{original: amount}}}}}}
+        """,
+    )
+    takes = "tool 'refund' (agent 'a') takes order_id, amount"
+    assert found == [
+        f"{tmp_path / 'nodbot.yml'}:7: rules.0.edit_bounds.0: 'amout' is not an argument: {takes}",
+        f"{tmp_path / 'nodbot.yml'}:8: rules.0.edit_bounds.1: 'total' is not an argument: {takes}",
+    ]
+
+
+def test_edit_bounds_that_no_edit_could_meet_are_problems(
+    tmp_path: Path, agents_module: str
+) -> None:
+    found = check(
+        tmp_path,
+        f"""
+        agents:
+          a: {agents_module}:agent
+        rules:
+          - tool: refund
+            reviewers: [U0123ABCDE]
+            edit_bounds:
+              - {{gt: {{amount: "0"}}}}
+              - {{le: {{amount: {{original: order_id}}}}}}
+              - {{all: [{{matches: {{amount: '^1'}}}}]}}
+              - {{le: {{amount: 100}}}}
+              - {{eq: {{order_id: {{original: order_id}}}}}}
+        """,
+    )
+    file = tmp_path / "nodbot.yml"
+    assert found == [
+        f"{file}:7: rules.0.edit_bounds.0: gt: amount (number) cannot be compared with '0' "
+        "(string): every edit would be refused",
+        f"{file}:8: rules.0.edit_bounds.1: le: amount (number) cannot be compared with the "
+        "original order_id (string): every edit would be refused",
+        f"{file}:9: rules.0.edit_bounds.2: matches: amount is number, not a string: every edit "
+        "would be refused",
+    ]
+
+
 def test_rules_are_not_checked_when_an_agent_failed(tmp_path: Path) -> None:
     found = check(
         tmp_path,
@@ -1092,7 +1307,7 @@ def test_check_config_prints_every_problem_and_fails(tmp_path: Path) -> None:
         f"{path}:2: server.port: Input should be a valid integer, unable to parse string as an "
         "integer, not 'x'",
         f"{path}:5: rules.0.reviewerz: unknown key 'reviewerz'; expected one of: tool, when, "
-        "description, decision, reviewers, post_to, allowed_decisions, editable, "
+        "decision, description, reviewers, post_to, allowed_decisions, editable, edit_bounds, "
         "approvals_required, allow_self_approval, timeout, timeout_decision, escalate_after, "
         "escalate_to",
     ]

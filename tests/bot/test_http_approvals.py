@@ -14,6 +14,7 @@ import httpx
 import pytest
 import uvicorn
 
+from bot.authorize import Verdict
 from bot.config import ApiToken
 from bot.http import AuthorizeDecision, create_app
 from core import (
@@ -316,9 +317,9 @@ async def test_the_requester_may_deny_but_not_approve(api: Harness) -> None:
 async def test_a_custom_authorize_hook_decides_who_may(tmp_path: Path) -> None:
     asked: list[tuple[str, str, bool]] = []
 
-    def only_bob(principal: str, record: ApprovalRecord, decision: Decision) -> str | None:
+    async def only_bob(principal: str, record: ApprovalRecord, decision: Decision) -> Verdict:
         asked.append((principal, record.approval_id, decision.approved))
-        return None if principal == "bob" else "only bob decides here"
+        return Verdict(f"name:{principal}", None if principal == "bob" else "only bob decides here")
 
     async with (
         SqlApprovalStore(f"sqlite:///{tmp_path / 'nodbot.db'}") as store,
@@ -404,7 +405,7 @@ async def test_unknown_routes_answer_json_errors(api: Harness) -> None:
 
 
 async def test_an_unexpected_failure_answers_json_and_records_nothing(tmp_path: Path) -> None:
-    def broken(principal: str, record: ApprovalRecord, decision: Decision) -> str | None:
+    async def broken(principal: str, record: ApprovalRecord, decision: Decision) -> Verdict:
         raise RuntimeError("policy service down")
 
     async with (

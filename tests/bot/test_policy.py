@@ -156,6 +156,8 @@ def reviewed(policy: dict[str, object], requested_by: str = "carol") -> Approval
 APPROVE = Decision(approved=True)
 DENY = Decision(approved=False)
 EDIT = Decision(approved=True, edited_args={"amount": 100})
+RAISE = Decision(approved=True, edited_args={"amount": 600})
+BOUNDED = {"edit_bounds": [{"gt": {"amount": 0}}, {"le": {"amount": {"original": "amount"}}}]}
 
 
 @pytest.mark.parametrize(
@@ -171,6 +173,12 @@ EDIT = Decision(approved=True, edited_args={"amount": 100})
         ({"editable": ["amount"]}, "ana", EDIT, None),
         ({"editable": ["order_id"]}, "ana", EDIT, "amount may not be edited here"),
         ({"editable": []}, "ana", EDIT, "(editable: nothing)"),
+        (BOUNDED, "ana", EDIT, None),
+        (BOUNDED, "ana", RAISE, "amount must be at most the original amount (500.0); the edit"),
+        (BOUNDED, "ana", Decision(approved=True, edited_args={"amount": -1}), "more than 0"),
+        ({**BOUNDED, "editable": ["order_id"]}, "ana", RAISE, "amount may not be edited here"),
+        ({"edit_bounds": [{"gt": {"amount": 1000}}]}, "ana", APPROVE, None),  # edits only
+        ({"edit_bounds": "broken"}, "ana", EDIT, "cannot be read, so no edit is accepted"),
     ],
 )
 def test_decisions_are_authorized_by_the_rules_policy(

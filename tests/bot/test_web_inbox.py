@@ -22,10 +22,11 @@ import httpx
 import pytest
 import uvicorn
 
+from bot.authorize import Verdict, authorizer_for
 from bot.config import Config, load_config
 from bot.forms import edit_fields, parse_edit
 from bot.http import AuthorizeDecision, create_app
-from bot.policy import SELF_APPROVAL_REASON, authorize_by_rules, rules_executor
+from bot.policy import SELF_APPROVAL_REASON, rules_executor
 from bot.serve import serving
 from bot.web import WebInbox, sign_in_link
 from bot.web.signing import Signer
@@ -187,21 +188,26 @@ def write_config(tmp_path: Path, public_url: str = "") -> Path:
 
 @contextlib.asynccontextmanager
 async def served_inbox(
-    tmp_path: Path, public_url: str = "", authorize: AuthorizeDecision = authorize_by_rules
+    tmp_path: Path, public_url: str = "", authorize: AuthorizeDecision | None = None
 ) -> AsyncIterator[Inbox]:
     config = load_config(write_config(tmp_path, public_url))
     ran: list[str] = []
     registry = registry_of(ran)
     clock = Clock()
     async with SqlApprovalStore(f"sqlite:///{tmp_path / 'nodbot.db'}") as store:
+        authorizer = authorizer_for(config)
         inbox = WebInbox(
-            store=store, registry=registry, web=config.web, authorize=authorize, clock=clock
+            store=store,
+            registry=registry,
+            web=config.web,
+            authorize=authorize or authorizer,
+            clock=clock,
         )
         app = create_app(
             store=store,
             registry=registry,
             tokens=[],
-            authorize_decision=authorize_by_rules,
+            authorize_decision=authorizer,
             inbox=inbox,
         )
         server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning"))
@@ -696,7 +702,7 @@ async def test_a_post_that_is_not_a_form_is_refused_and_records_nothing(web: Inb
 
 
 async def test_an_unexpected_failure_is_a_500_page_and_records_nothing(tmp_path: Path) -> None:
-    def broken(principal: str, record: ApprovalRecord, decision: Decision) -> str | None:
+    async def broken(principal: str, record: ApprovalRecord, decision: Decision) -> Verdict:
         raise RuntimeError("policy service down")
 
     async with served_inbox(tmp_path, authorize=broken) as web:

@@ -1,0 +1,183 @@
+"""Who may decide a review: the policy its rule left with it, with every handle resolved to a
+person first (`bot.people`), the same on every channel (Slack, the web inbox, the API, the CLI).
+
+`Authorizer.check(handle, record, decision)` answers a `Verdict`: the person the handle
+stands for, and the reason to refuse (None to allow). In order:
+
+1. the handle is resolved to a person; a lookup that fails refuses ("try again");
+2. self-approval: the run's requester, resolved too, may deny but not approve or edit,
+   unless the rule allows it;
+3. the rule's reviewers (and, from `escalate_after` on, `escalate_to`): Slack users and email
+   addresses match by person; user groups by the person's Slack users among the group's
+   members; channels by membership of a channel the review was posted to. A check of a
+   reviewer that cannot be made (Slack failing) refuses with a reason saying so, unless
+   another reviewer entry matched;
+4. the rest of the rule, the same for everyone (`bot.policy.rule_refusal`): allowed
+   decisions, editable arguments, bounds of edits.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from datetime import datetime
+from typing import TYPE_CHECKING
+
+from aiohttp import ClientError
+from slack_sdk.errors import SlackApiError
+
+from bot.config import Config, parse_reviewer
+from bot.config.values import Reviewer
+from bot.people import IdentityUnavailable, People, Person
+from bot.policy import SELF_APPROVAL_REASON, rule_refusal
+from bot.slack.directory import Directory
+from core import ApprovalRecord, Decision
+
+if TYPE_CHECKING:
+    from bot.slack.channel import SlackChannel
+from core.store import utc_now
+
+__all__ = [
+    "NOT_A_REVIEWER",
+    "Authorizer",
+    "PostedChannels",
+    "Verdict",
+    "authorizer_for",
+]
+
+log = logging.getLogger(__name__)
+
+NOT_A_REVIEWER = "you are not one of the reviewers of this call"
+
+PostedChannels = Callable[[ApprovalRecord, str], Awaitable[set[str]]]
+"""`(record, channel reviewer as written) -> ids of the channels the review was posted to for
+it`."""
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What `Authorizer.check` found."""
+
+    person: str | None
+    """The key of the person the handle stands for; None when it could not be told."""
+    refusal: str | None
+    """Why the decision is refused, or None when it is allowed."""
+
+    @property
+    def allowed(self) -> bool:
+        """Whether the decision may be recorded."""
+        return self.refusal is None
+
+
+class Authorizer:
+    """Checks deciders against reviews' policies, person by person (see the module)."""
+
+    def __init__(
+        self,
+        people: People | None = None,
+        *,
+        posted_channels: PostedChannels | None = None,
+        clock: Callable[[], datetime] = utc_now,
+    ) -> None:
+        self.people = people or People()
+        self.posted_channels = posted_channels
+        self._clock = clock
+
+    @property
+    def directory(self) -> Directory | None:
+        """Slack's directory, when the bot has Slack."""
+        return self.people.directory
+
+    async def __call__(self, handle: str, record: ApprovalRecord, decision: Decision) -> Verdict:
+        return await self.check(handle, record, decision)
+
+    async def check(self, handle: str, record: ApprovalRecord, decision: Decision) -> Verdict:
+        """Whether `handle` may make `decision` on `record` (see the module)."""
+        try:
+            person = await self.people.person(handle)
+        except IdentityUnavailable as exc:
+            return Verdict(None, str(exc))
+        try:
+            refusal = await self._refusal(person, record, decision)
+        except IdentityUnavailable as exc:
+            refusal = str(exc)
+        return Verdict(person.key, refusal)
+
+    async def _refusal(
+        self, person: Person, record: ApprovalRecord, decision: Decision
+    ) -> str | None:
+        policy = record.request.policy
+        requester = record.request.requested_by
+        self_approval = decision.approved and not policy.get("allow_self_approval", False)
+        if self_approval and requester and (await self.people.person(requester)).key == person.key:
+            return SELF_APPROVAL_REASON
+        listed = [str(text) for text in policy.get("reviewers") or []]
+        escalate_at = policy.get("escalate_at")
+        if escalate_at and self._clock() >= datetime.fromisoformat(escalate_at):
+            listed += [str(text) for text in policy.get("escalate_to") or []]
+        if listed:
+            unchecked: list[str] = []
+            if not await self._listed(person, record, listed, unchecked):
+                if unchecked:
+                    return (
+                        f"could not check whether you are among the reviewers "
+                        f"({'; '.join(unchecked)}); try again in a moment"
+                    )
+                return NOT_A_REVIEWER
+        return rule_refusal(record, decision)
+
+    async def _listed(
+        self, person: Person, record: ApprovalRecord, listed: list[str], unchecked: list[str]
+    ) -> bool:
+        """Whether `person` is one of the `listed` reviewers; the entries that could not be
+        checked are added to `unchecked`."""
+        for text in listed:
+            reviewer = _reviewer(text)
+            if reviewer is None:
+                continue
+            try:
+                if await self._matches(person, reviewer, record):
+                    return True
+            except IdentityUnavailable as exc:
+                unchecked.append(exc.why)
+            except SlackApiError as exc:
+                unchecked.append(f"Slack answered {exc.response.get('error')} for {text}")
+            except (TimeoutError, ClientError, OSError) as exc:
+                unchecked.append(f"Slack could not be reached for {text}: {exc!r}")
+        return False
+
+    async def _matches(self, person: Person, reviewer: Reviewer, record: ApprovalRecord) -> bool:
+        if reviewer.kind in ("slack_user", "email"):
+            return (await self.people.person(reviewer.value)).key == person.key
+        directory = self.directory
+        if directory is None:
+            return False  # user groups and channels are Slack's to say
+        if reviewer.kind == "slack_user_group":
+            members = set(await directory.group_members(reviewer.value))
+            return bool(members & await self.people.slack_ids(person))
+        if reviewer.kind == "slack_channel" and self.posted_channels is not None:
+            users = await self.people.slack_ids(person)
+            if not users:
+                return False
+            for channel in sorted(await self.posted_channels(record, reviewer.text)):
+                if users & set(await directory.channel_members(channel)):
+                    return True
+        return False
+
+
+def authorizer_for(config: Config, slack: SlackChannel | None = None) -> Authorizer:
+    """The authorizer of a bot with `config`: its `people:`, and Slack's directory and posts
+    when it has the Slack channel."""
+    if slack is None:
+        return Authorizer(People(config.people))
+    people = People(config.people, directory=slack.directory, ttl=slack.config.cache_ttl)
+    return Authorizer(people, posted_channels=slack.posted_channels)
+
+
+def _reviewer(text: str) -> Reviewer | None:
+    try:
+        return parse_reviewer(text)
+    except ValueError:
+        log.warning("reviewer %r of a stored review is not understood; skipped", text)
+        return None
