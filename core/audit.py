@@ -36,8 +36,9 @@ _BLOCK = 64  # SHA-256's block size, for the HMAC pads
 
 def moment_text(at: datetime) -> str:
     """`at` in UTC as the message has it: `YYYY-MM-DDTHH:MM:SS.ffffff` (a naive time is UTC)."""
-    at = at.replace(tzinfo=UTC) if at.tzinfo is None else at.astimezone(UTC)
-    return at.replace(tzinfo=None).isoformat(timespec="microseconds")
+    if at.tzinfo is not None and at.tzinfo is not UTC:
+        at = at.astimezone(UTC)
+    return at.isoformat("T", "microseconds")[:26]  # without the +00:00 of an aware time
 
 
 def _field(value: str | None) -> str:
@@ -58,7 +59,7 @@ def message(
 ) -> bytes:
     """The bytes an event's hash is made of (see the module's docstring)."""
     fields = (prev, str(n), approval_id, kind, moment_text(at), actor, person, channel, detail)
-    return (HEADER + "\n".join(_field(value) for value in fields)).encode("utf-8")
+    return (HEADER + "\n".join([_field(value) for value in fields])).encode("utf-8")
 
 
 def chain_key(secret: str) -> bytes:

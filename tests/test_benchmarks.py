@@ -28,3 +28,30 @@ def test_the_slack_benchmark_runs_and_reports_every_figure() -> None:
     assert done.returncode == 0, done.stderr
     for figure in ("click -> tool run p99 =", "reviews posted ="):
         assert figure in done.stdout, done.stdout
+
+
+def test_the_repeat_under_load_script_counts_runs_and_stops_at_a_failure(tmp_path: Path) -> None:
+    passing = tmp_path / "test_passes.py"
+    passing.write_text("def test_it() -> None:\n    assert True\n")
+    failing = tmp_path / "test_fails.py"
+    failing.write_text("def test_it() -> None:\n    assert False, 'the failure it shows'\n")
+    script = [sys.executable, "bench/repeat_under_load.py", "--busy", "1"]
+    done = subprocess.run(
+        [*script, "--runs", "2", str(passing)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "2 of 2 runs passed with 1 busy processes" in done.stdout
+    failed = subprocess.run(
+        [*script, "--runs", "3", str(failing)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert failed.returncode == 1
+    assert "the failure it shows" in failed.stdout
+    assert "0 of 3 runs passed" in failed.stdout

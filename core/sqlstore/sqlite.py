@@ -16,7 +16,7 @@ import sqlite3
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from datetime import UTC, datetime
-from typing import Any, TypeVar
+from typing import Any, TypeAlias, TypeVar
 
 from core.audit import EventHasher
 from core.sqlstore.backend import (
@@ -225,6 +225,12 @@ def _new_values(row: Row) -> tuple[Any, ...]:
     )
 
 
+Link: TypeAlias = tuple[int, str | None]
+"""A review's last event as the chain sees it: its `n` and `hash`."""
+NO_LINK: Link = (0, None)
+"""Before a review's first event."""
+
+
 def _created_event(row: Row) -> EventValues:
     return EventValues("created", row["requested_by"], None, "{}")
 
@@ -245,12 +251,23 @@ class SqliteBackend:
         self._db.execute("PRAGMA synchronous = NORMAL")
 
     def _append(
-        self, db: sqlite3.Connection, approval_id: str, at: datetime, event: EventValues
-    ) -> None:
-        """Append one event, chained to the review's last (every event goes through here).
-        Called inside a write transaction, so no other writer can chain to the same link."""
-        last = db.execute(_LAST_LINK, (approval_id,)).fetchone()
-        n, prev = (1, None) if last is None else (last[0] + 1, last[1])
+        self,
+        db: sqlite3.Connection,
+        approval_id: str,
+        at: datetime,
+        event: EventValues,
+        *,
+        after: Link | None = None,
+    ) -> Link:
+        """Append one event, chained to the review's last (every event goes through here),
+        and return its link. `after` is the review's last link when the caller knows it (a
+        new record has none: `NO_LINK`; a second event of the same transaction: what the
+        first returned), saving the read of it. Called inside a write transaction, so no
+        other writer can chain to the same link."""
+        if after is None:
+            last = db.execute(_LAST_LINK, (approval_id,)).fetchone()
+            after = NO_LINK if last is None else (last[0], last[1])
+        n, prev = after[0] + 1, after[1]
         kind, actor, channel, text, person = event
         digest = self._hasher.hash(
             prev=prev,
@@ -265,12 +282,13 @@ class SqliteBackend:
         )
         values = (approval_id, kind, _text(at), actor, person, channel, text, n, prev, digest)
         db.execute(_EVENT, values)
+        return n, digest
 
     def _insert(self, db: sqlite3.Connection, row: Row, at: datetime) -> Row | None:
         """Insert a new record with its `created` event; None if the call has an active one."""
         inserted = _row(db.execute(_INSERT, _new_values(row)).fetchone())
         if inserted is not None:
-            self._append(db, row["approval_id"], at, _created_event(row))
+            self._append(db, row["approval_id"], at, _created_event(row), after=NO_LINK)
         return inserted
 
     async def _patiently(self, attempt: Callable[[], T]) -> T:
@@ -335,8 +353,9 @@ class SqliteBackend:
                 db.execute(_TAKE, (now, now, *key, request.tool, request.digest)).fetchone()
             )
             if taken is not None:
+                link = None
                 for event in consumed_events(taken, actor):
-                    self._append(db, taken["approval_id"], event_at, event)
+                    link = self._append(db, taken["approval_id"], event_at, event, after=link)
                 return Claimed("taken", taken)
             created = self._insert(db, new_row(), event_at)
             if created is not None:
@@ -419,7 +438,7 @@ class SqliteBackend:
                 self._append(db, approval_id, at, act.refused(ALREADY_VOTED, actor))
                 return VoteResult("voted_before", row)
             db.execute(_INSERT_VOTE, (approval_id, voter, ballot, now))
-            self._append(db, approval_id, at, act.voted_event(row["digest"]))
+            link = self._append(db, approval_id, at, act.voted_event(row["digest"]))
             voters = [found[0] for found in earlier] + [voter]
             counted = act.count([found[1] for found in earlier], voters, row)
             if counted is None:
@@ -431,7 +450,7 @@ class SqliteBackend:
                     (counted.decision, counted.status, now, approval_id),
                 ).fetchone()
             )
-            self._append(db, approval_id, at, counted.event)
+            self._append(db, approval_id, at, counted.event, after=link)
             return VoteResult("decided", changed)
 
         return await self._transaction(work)
@@ -481,8 +500,9 @@ class SqliteBackend:
                 ).fetchone()
             )
             if changed is not None:
+                link = None
                 for event in events(changed):
-                    self._append(db, approval_id, at, event)
+                    link = self._append(db, approval_id, at, event, after=link)
                 return Change(changed, None)
             existing = _row(db.execute(_SELECT_ONE, (approval_id,)).fetchone())
             refused = refusal(existing) if existing is not None else None
