@@ -55,3 +55,11 @@ def test_the_repeat_under_load_script_counts_runs_and_stops_at_a_failure(tmp_pat
     assert failed.returncode == 1
     assert "the failure it shows" in failed.stdout
     assert "0 of 3 runs passed" in failed.stdout
+
+
+def test_the_open_reviews_benchmark_runs_and_reports_every_figure() -> None:
+    command = [sys.executable, "bench/open_reviews.py", "--sizes", "0,20", "--sqlite-only"]
+    command += ["--rounds", "1", "--cycles", "2"]
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "sqlite open reviews 0 -> 20: p50 ratio =" in done.stdout, done.stdout

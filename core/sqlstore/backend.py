@@ -4,6 +4,11 @@ Each write operation is one transaction that either changes the record and appen
 events, or, when the record is not in the state the change needs, appends a `refused` event
 (for decide and consume) and returns the record as it is. `SqlApprovalStore` turns that into
 records and errors. The rules for which events an operation appends live here, once.
+
+A run's `pending` column counts its pending reviews: the transaction that creates a review
+adds one, the one that decides it (decide, the vote that decides, a timeout) takes one off,
+so that `claim_ready` finds the ready runs through the `runs_claimable` index alone, at the
+same cost however many reviews are open.
 """
 
 from __future__ import annotations
@@ -428,8 +433,8 @@ class Backend(Protocol):
     async def claim_ready(
         self, worker: str, at: datetime, lease_until: datetime, limit: int
     ) -> list[Row]:
-        """Claim waiting runs with no pending approval and running runs whose lease ran out
-        before `at`, oldest first."""
+        """Claim waiting runs with no pending approval (`pending` = 0) and running runs whose
+        lease ran out before `at`, oldest first."""
         ...
 
     async def counts(self) -> dict[str, int]:

@@ -20,7 +20,6 @@ from core.sqlstore.backend import (
     ALREADY_DECIDED,
     COLUMN_NAMES,
     COLUMNS,
-    DELIVERY_COLUMN_NAMES,
     DELIVERY_COLUMNS,
     NOT_DECIDED,
     RUN_COLUMN_NAMES,
@@ -43,11 +42,6 @@ from core.store import ALREADY_VOTED, CONCURRENT_USE_REASON, TIMEOUT_DECIDER, Ap
 __all__ = ["PostgresBackend"]
 
 
-def _qualified(table: str, names: tuple[str, ...] = COLUMN_NAMES) -> str:
-    """The columns prefixed with their table, for statements that join another."""
-    return ", ".join(f"{table}.{name}" for name in names)
-
-
 # The chain (n, prev, hash) is filled in by the events_chain trigger (migration 0007).
 _EVENTS = "INSERT INTO events (approval_id, kind, at, actor, channel, detail, person)"
 _SELECT_ONE = f"SELECT {COLUMNS} FROM approvals WHERE approval_id = $1"
@@ -57,6 +51,16 @@ _NEW_COLUMNS = (
     "deadline, on_timeout, policy, approvals_required"
 )
 """The columns a new record is inserted with: $1-$9 and $11-$14 of `_new_arguments`."""
+
+# Each review made pending, or decided, moves its run's count (when the run is in `runs`):
+# increments and decrements, which concurrent writers of one run apply in turn on its row
+# lock, each to the row as the one before left it.
+_COUNT_CREATED = """counted AS (
+    UPDATE runs SET pending = pending + 1 WHERE run_id = $2 AND EXISTS (SELECT 1 FROM inserted)
+)"""
+_COUNT_DECIDED = """counted AS (
+    UPDATE runs SET pending = pending - 1 WHERE run_id = (SELECT run_id FROM changed)
+)"""
 
 _CREATE = f"""
 WITH inserted AS (
@@ -68,7 +72,7 @@ WITH inserted AS (
     {_EVENTS}
     SELECT approval_id, 'created', $10::timestamptz, requested_by, NULL, '{{}}', NULL
     FROM inserted
-)
+), {_COUNT_CREATED}
 SELECT {COLUMNS} FROM inserted
 UNION ALL
 SELECT {COLUMNS} FROM approvals
@@ -104,7 +108,7 @@ WITH taken AS (
     UNION ALL
     SELECT approval_id, 'finished', $10::timestamptz, NULL, 'executor', $16::text, NULL
     FROM taken WHERE status = 'denied'
-)
+), {_COUNT_CREATED}
 SELECT 'taken' AS claimed, {COLUMNS} FROM taken
 UNION ALL
 SELECT 'created', {COLUMNS} FROM inserted
@@ -134,7 +138,7 @@ WITH changed AS (
     SELECT approval_id, 'decided', $4::timestamptz, $5::text, $6::text,
            $7::text || digest || $8::text, $9::text
     FROM changed
-)
+), {_COUNT_DECIDED}
 SELECT {COLUMNS} FROM changed {_NOTIFY}"""
 
 _CONSUME = f"""
@@ -184,6 +188,10 @@ async def _keep_session(connection: asyncpg.Connection) -> None:
     one more round trip per operation."""
 
 
+# The statements that change the rows a CTE picked name them as `seq = ANY (ARRAY (...))`:
+# always a look-up of each in the primary key, where a join may be planned as a hash of the
+# whole table (as a cached generic plan of expire_due was, over every pending review).
+
 # Timers of several replicas share the work: SKIP LOCKED hands each review to one of them,
 # and the outer `status = 'pending'` re-checks a row a reviewer decided meanwhile.
 _EXPIRE = f"""
@@ -196,9 +204,8 @@ WITH picked AS (
     SET decision = CASE WHEN on_timeout = 'approve' THEN $1 ELSE $2 END,
         status = CASE WHEN on_timeout = 'approve' THEN 'approved' ELSE 'denied' END,
         decided_at = $3::timestamptz
-    FROM picked
-    WHERE approvals.seq = picked.seq AND approvals.status = 'pending'
-    RETURNING {_qualified("approvals")}
+    WHERE approvals.seq = ANY (ARRAY (SELECT seq FROM picked)) AND approvals.status = 'pending'
+    RETURNING {COLUMNS}
 ), logged AS (
     {_EVENTS}
     SELECT approval_id, 'decided', $3::timestamptz, $5::text, 'timer',
@@ -206,12 +213,26 @@ WITH picked AS (
                 ELSE $8::text || digest || $9::text END,
            NULL
     FROM changed
+), locked AS (
+    -- The runs are locked in one order (seq), so that timers of two replicas that expire
+    -- reviews of the same runs never wait for each other both ways.
+    SELECT seq FROM runs WHERE run_id = ANY (ARRAY (SELECT run_id FROM changed))
+    ORDER BY seq
+    FOR UPDATE
+), counted AS (
+    UPDATE runs
+    SET pending = pending - (SELECT count(*) FROM changed WHERE changed.run_id = runs.run_id)
+    WHERE seq = ANY (ARRAY (SELECT seq FROM locked))
 )
 SELECT {COLUMNS} FROM changed {_NOTIFY}"""
 
+# A run starts with the count of its reviews made before it (none, when it is created
+# first, as the bot does).
 _INSERT_RUN = f"""
-INSERT INTO runs ({RUN_COLUMNS})
-VALUES ({", ".join(f"${i}" for i in range(1, len(RUN_COLUMN_NAMES) + 1))})
+INSERT INTO runs ({RUN_COLUMNS}, pending)
+VALUES ({", ".join(f"${i}" for i in range(1, len(RUN_COLUMN_NAMES) + 1))}, (
+    SELECT count(*) FROM approvals WHERE run_id = ${len(RUN_COLUMN_NAMES) + 1}
+    AND status = 'pending'))
 ON CONFLICT (run_id) DO NOTHING
 RETURNING {RUN_COLUMNS}"""
 _SELECT_RUN = f"SELECT {RUN_COLUMNS} FROM runs WHERE run_id = $1"
@@ -224,22 +245,23 @@ _RENEW_CLAIM = f"""
 UPDATE runs SET version = version + 1, updated_at = $3, lease_until = $4
 WHERE run_id = $1 AND version = $2 AND lease_until > $3
 RETURNING {RUN_COLUMNS}"""
-# Replicas claim concurrently: SKIP LOCKED hands each run to one of them.
+# Replicas claim concurrently: SKIP LOCKED hands each run to one of them, and a row another
+# transaction changed since the snapshot is checked again as it is now. Waiting runs none of
+# whose reviews is pending, and running ones whose lease ran out: the first condition is the
+# runs_claimable index's own (the runs it holds), the second leaves out the running runs
+# whose lease has not run out.
 _CLAIM_READY = f"""
 WITH picked AS (
     SELECT seq FROM runs
-    WHERE (status = 'waiting' AND NOT EXISTS (
-              SELECT 1 FROM approvals
-              WHERE approvals.run_id = runs.run_id AND approvals.status = 'pending'))
-       OR (status = 'running' AND lease_until <= $1)
+    WHERE (status = 'running' OR (status = 'waiting' AND pending = 0))
+      AND (status = 'waiting' OR lease_until <= $1)
     ORDER BY seq LIMIT $4
     FOR UPDATE SKIP LOCKED
 )
 UPDATE runs SET status = 'running', version = version + 1, updated_at = $1,
     claimed_by = $2, lease_until = $3
-FROM picked
-WHERE runs.seq = picked.seq
-RETURNING runs.seq, {_qualified("runs", RUN_COLUMN_NAMES)}"""
+WHERE seq = ANY (ARRAY (SELECT seq FROM picked))
+RETURNING seq, {RUN_COLUMNS}"""
 
 
 _UNANNOUNCED = f"""
@@ -261,8 +283,8 @@ WITH picked AS (
     FOR UPDATE SKIP LOCKED
 )
 UPDATE deliveries SET claimed_by = $1, lease_until = $2
-FROM picked WHERE deliveries.seq = picked.seq
-RETURNING {_qualified("deliveries", DELIVERY_COLUMN_NAMES)}"""
+WHERE seq = ANY (ARRAY (SELECT seq FROM picked))
+RETURNING {DELIVERY_COLUMNS}"""
 _SETTLE_DELIVERY = f"""
 UPDATE deliveries SET status = $3, attempts = attempts + 1, sent_at = $4, ref = $5,
     error = $6, due_at = coalesce($7, due_at), claimed_by = NULL, lease_until = NULL
@@ -470,6 +492,9 @@ class PostgresBackend:
                 )
             )
             await log(connection, counted.event)
+            await connection.execute(
+                "UPDATE runs SET pending = pending - 1 WHERE run_id = $1", row["run_id"]
+            )
             await connection.execute("SELECT pg_notify($1, $2)", DECIDED_CHANNEL, row["run_id"])
             return VoteResult("decided", changed)
 
@@ -514,7 +539,8 @@ class PostgresBackend:
         return [dict(record) for record in records]
 
     async def create_run(self, row: Row) -> Row | None:
-        return await self._one(_INSERT_RUN, *(row.get(name) for name in RUN_COLUMN_NAMES))
+        values = (row.get(name) for name in RUN_COLUMN_NAMES)
+        return await self._one(_INSERT_RUN, *values, row["run_id"])
 
     async def get_run(self, run_id: str) -> Row | None:
         return await self._one(_SELECT_RUN, run_id)

@@ -19,6 +19,7 @@ from sqlalchemy import (
     Text,
     TypeDecorator,
     UniqueConstraint,
+    text,
 )
 
 __all__ = ["UTCDateTime", "approvals", "deliveries", "events", "metadata", "runs", "votes"]
@@ -97,12 +98,15 @@ Index(
     postgresql_where=approvals.c.status == "pending",
 )
 
-# The outbox's work list: reviews whose request or outcome is still to be announced.
+# The outbox's work list: reviews whose request, or outcome once decided, is still to be
+# announced. Exactly the list, so that reviews announced and still open are not in it (they
+# were, until migration 0008, and each step read past every one of them).
+_UNANNOUNCED = text("announced < 2 AND (announced = 0 OR decided_at IS NOT NULL)")
 Index(
     "approvals_unannounced",
     approvals.c.seq,
-    sqlite_where=approvals.c.announced < 2,
-    postgresql_where=approvals.c.announced < 2,
+    sqlite_where=_UNANNOUNCED,
+    postgresql_where=_UNANNOUNCED,
 )
 
 events = Table(
@@ -141,9 +145,14 @@ runs = Table(
     Column("error", Text),
     Column("claimed_by", String(255)),
     Column("lease_until", UTCDateTime),
+    # How many of the run's reviews are pending, kept by the statements that create and
+    # decide them, so that a waiting run is ready when it is 0 (read nowhere else).
+    Column("pending", Integer, nullable=False, server_default="0"),
 )
-# claim_ready(): waiting runs, and running ones whose lease ran out, oldest first.
-Index("runs_status", runs.c.status, runs.c.seq)
+# claim_ready(): the runs it may claim, oldest first (those of the running ones whose lease
+# ran out), whatever the number of runs waiting for review.
+_CLAIMABLE = text("status = 'running' OR (status = 'waiting' AND pending = 0)")
+Index("runs_claimable", runs.c.seq, sqlite_where=_CLAIMABLE, postgresql_where=_CLAIMABLE)
 
 votes = Table(
     "votes",

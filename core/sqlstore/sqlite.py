@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import sqlite3
 import time
+from collections import Counter
 from collections.abc import Awaitable, Callable, Sequence
 from datetime import UTC, datetime
 from typing import Any, TypeAlias, TypeVar
@@ -107,7 +108,8 @@ _EXPIRE = (
     "UPDATE approvals SET decision = CASE WHEN on_timeout = 'approve' THEN ? ELSE ? END, "
     "status = CASE WHEN on_timeout = 'approve' THEN 'approved' ELSE 'denied' END, "
     "decided_at = ? WHERE status = 'pending' AND seq IN ("
-    "  SELECT seq FROM approvals WHERE status = 'pending' AND deadline <= ?"
+    "  SELECT seq FROM approvals INDEXED BY approvals_deadline"
+    "  WHERE status = 'pending' AND deadline <= ?"
     "  ORDER BY deadline LIMIT ?"
     f") RETURNING {COLUMNS}"
 )
@@ -116,10 +118,17 @@ _ANY_DUE = (
     " WHERE status = 'pending' AND deadline <= ? LIMIT 1"
 )
 _RUN_TIMES = ("created_at", "updated_at", "lease_until")
+# A run starts with the count of its reviews made before it (none, when it is created
+# first, as the bot does), through the index of the run's records.
 _INSERT_RUN = (
-    f"INSERT INTO runs ({RUN_COLUMNS}) VALUES ({', '.join('?' for _ in RUN_COLUMN_NAMES)}) "
+    f"INSERT INTO runs ({RUN_COLUMNS}, pending) "
+    f"VALUES ({', '.join('?' for _ in RUN_COLUMN_NAMES)}, ("
+    "SELECT count(*) FROM approvals INDEXED BY approvals_call"
+    " WHERE run_id = ? AND status = 'pending')) "
     f"RETURNING {RUN_COLUMNS}"
 )
+# Each review made pending, or decided, moves its run's count (when the run is in `runs`).
+_COUNT_PENDING = "UPDATE runs SET pending = pending + ? WHERE run_id = ?"
 _SELECT_RUN = f"SELECT {RUN_COLUMNS} FROM runs WHERE run_id = ?"
 _SAVE_RUN = (
     "UPDATE runs SET status = ?, messages = ?, final_text = ?, error = ?, updated_at = ?, "
@@ -130,13 +139,15 @@ _RENEW_CLAIM = (
     "UPDATE runs SET version = version + 1, updated_at = ?, lease_until = ? "
     f"WHERE run_id = ? AND version = ? AND lease_until > ? RETURNING {RUN_COLUMNS}"
 )
+# Waiting runs none of whose reviews is pending, and running ones whose lease ran out: the
+# first condition is the runs_claimable index's own (the runs it holds), the second leaves
+# out the running runs whose lease has not run out.
 _CLAIM_READY = (
     "UPDATE runs SET status = 'running', version = version + 1, updated_at = ?, "
     "claimed_by = ?, lease_until = ? WHERE seq IN ("
-    "  SELECT seq FROM runs WHERE (status = 'waiting' AND NOT EXISTS ("
-    "    SELECT 1 FROM approvals WHERE approvals.run_id = runs.run_id"
-    "    AND approvals.status = 'pending'))"
-    "  OR (status = 'running' AND lease_until <= ?)"
+    "  SELECT seq FROM runs INDEXED BY runs_claimable"
+    "  WHERE (status = 'running' OR (status = 'waiting' AND pending = 0))"
+    "  AND (status = 'waiting' OR lease_until <= ?)"
     "  ORDER BY seq LIMIT ?"
     f") RETURNING seq, {RUN_COLUMNS}"
 )
@@ -289,6 +300,7 @@ class SqliteBackend:
         inserted = _row(db.execute(_INSERT, _new_values(row)).fetchone())
         if inserted is not None:
             self._append(db, row["approval_id"], at, _created_event(row), after=NO_LINK)
+            db.execute(_COUNT_PENDING, (1, inserted["run_id"]))
         return inserted
 
     async def _patiently(self, attempt: Callable[[], T]) -> T:
@@ -419,6 +431,7 @@ class SqliteBackend:
             lambda row: [act.decided_event(row["digest"])],
             lambda row: act.refused(ALREADY_DECIDED, act.decision.decided_by),
             at,
+            decides=True,
         )
 
     async def vote(self, approval_id: str, act: Act, at: datetime) -> VoteResult:
@@ -450,6 +463,7 @@ class SqliteBackend:
                     (counted.decision, counted.status, now, approval_id),
                 ).fetchone()
             )
+            db.execute(_COUNT_PENDING, (-1, row["run_id"]))
             self._append(db, approval_id, at, counted.event, after=link)
             return VoteResult("decided", changed)
 
@@ -487,9 +501,12 @@ class SqliteBackend:
         events: Callable[[Row], Sequence[EventValues]],
         refusal: Callable[[Row], EventValues | None],
         at: datetime,
+        *,
+        decides: bool = False,
     ) -> Change:
         """Change the row if `condition` holds and append `events(row)`; otherwise append
-        the `refused` event `refusal(existing)` gives, if any."""
+        the `refused` event `refusal(existing)` gives, if any. A change that `decides` a
+        pending review takes it off its run's count."""
 
         def work(db: sqlite3.Connection) -> Change:
             changed = _row(
@@ -503,6 +520,8 @@ class SqliteBackend:
                 link = None
                 for event in events(changed):
                     link = self._append(db, approval_id, at, event, after=link)
+                if decides:
+                    db.execute(_COUNT_PENDING, (-1, changed["run_id"]))
                 return Change(changed, None)
             existing = _row(db.execute(_SELECT_ONE, (approval_id,)).fetchone())
             refused = refusal(existing) if existing is not None else None
@@ -534,12 +553,14 @@ class SqliteBackend:
                 text = timeout_detail(row["on_timeout"]).text(row["digest"])
                 event = EventValues("decided", TIMEOUT_DECIDER, "timer", text)
                 self._append(db, row["approval_id"], at, event)
+            runs = Counter(row["run_id"] for row in expired)
+            db.executemany(_COUNT_PENDING, [(-n, run_id) for run_id, n in runs.items()])
             return expired
 
         return await self._transaction(work)
 
     async def create_run(self, row: Row) -> Row | None:
-        values = _run_values(row)
+        values = (*_run_values(row), row["run_id"])
 
         def work(db: sqlite3.Connection) -> Row | None:
             try:
