@@ -10,7 +10,7 @@ from collections.abc import Sequence
 
 from bot.approvals_cli import add_approvals_commands, run_approvals_command
 from bot.audit_cli import add_audit_commands, key_from_environment, run_audit_command
-from bot.config import ConfigError, load_config
+from bot.config import ConfigError, load_config, trust_warnings
 from bot.config.agents import report_agents
 from bot.runs_cli import add_runs_commands, run_runs_command
 from bot.serve import serve
@@ -95,8 +95,9 @@ def _plural(count: int, noun: str) -> str:
 
 
 def _check_config(file: str) -> int:
-    """Validate `file` and import its agents: prints its warnings to stderr, then `FILE: ok
-    (...)`, and returns 0; or prints every problem to stderr and returns 1."""
+    """Validate `file` and import its agents: prints its warnings to stderr (what cannot be
+    trusted, see `trust_warnings`, then the agents'), then `FILE: ok (...)`, and returns 0;
+    or prints every problem to stderr and returns 1."""
     warnings: list[str] = []
     try:
         config = load_config(file)
@@ -104,7 +105,7 @@ def _check_config(file: str) -> int:
         problems = error.problems
     else:
         report = report_agents(config)
-        problems, warnings = report.problems, report.warnings
+        problems, warnings = report.problems, [*trust_warnings(config), *report.warnings]
     if problems:
         for problem in problems:
             print(problem, file=sys.stderr)

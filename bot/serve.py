@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import uvicorn
 
 from bot.authorize import authorizer_for
-from bot.config import ConfigError, load_agents, load_config
+from bot.config import ConfigError, load_agents, load_config, trust_warnings
 from bot.config.agents import report_agents
 from bot.http import create_app
 from bot.outbox import Channel
@@ -62,7 +62,7 @@ async def serving(
     report = report_agents(config)
     if report.problems:
         raise ConfigError(report.problems)
-    for warning in report.warnings:
+    for warning in [*trust_warnings(config, host=host), *report.warnings]:
         log.warning("%s", warning)
     agents, _ = load_agents(config)
     store = store_for(config)

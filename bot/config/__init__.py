@@ -14,7 +14,9 @@ literal `${`), so secrets stay out of the file. Loading never imports an agent: 
 The public API is what `__all__` lists; the modules behind it are private, each importing
 only those listed before it: `errors` (problems and where they are in the file), `values`
 (durations, reviewers, names), `predicates`, `models` (the file's sections), `reader`
-(reading the YAML, `load_config`) and `agents` (`load_agents`, `check_agents`).
+(reading the YAML, `load_config`), `trust` (`trust_warnings`: secrets written in the file,
+weak or repeated secrets, plain http beyond loopback) and `agents` (`load_agents`,
+`check_agents`).
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from bot.config.models import (
 )
 from bot.config.predicates import AllOf, AnyOf, PredicateSpec
 from bot.config.reader import load_config
+from bot.config.trust import trust_warnings
 from bot.config.values import Reviewer, parse_duration, parse_reviewer
 
 __all__ = [
@@ -62,4 +65,5 @@ __all__ = [
     "load_config",
     "parse_duration",
     "parse_reviewer",
+    "trust_warnings",
 ]

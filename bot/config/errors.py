@@ -54,6 +54,11 @@ class Source:
     lines: dict[KeyPath, int]
     substituted: set[KeyPath] = field(default_factory=set)
     """Paths whose value came from the environment: their values are never shown."""
+    from_environment: set[KeyPath] = field(default_factory=set)
+    """Paths whose value holds a `${VAR}` read from a set environment variable."""
+    defaulted: dict[KeyPath, list[str]] = field(default_factory=dict)
+    """Paths whose value is written with a `${VAR:-default}`, used or not, with the names
+    of those variables: the default is written in the file."""
 
     def line(self, path: KeyPath) -> int:
         """The line of `path`, or of its closest enclosing key when it is not in the file."""

@@ -143,6 +143,8 @@ class _Reader:
                 )
                 return found.group(0)
             name, default = reference.group(1), reference.group(2)
+            if default is not None:
+                self.source.defaulted.setdefault(path, []).append(name)
             value = self.environ.get(name)
             if value is None or (value == "" and default is not None):
                 if default is None:
@@ -153,6 +155,8 @@ class _Reader:
                     )
                     return ""
                 value = default
+            else:
+                self.source.from_environment.add(path)
             self.source.substituted.add(path)
             return value
 

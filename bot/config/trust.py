@@ -1,0 +1,202 @@
+"""What makes a valid configuration unsafe to trust: secrets written in the file (or as the
+default of a `${VAR:-default}`), weak secrets, one secret used in two places, and a bot
+listening beyond loopback over plain http. `trust_warnings` finds them; `nodbot
+check-config` prints them and `nodbot serve` logs them at start. No warning shows a
+secret's value."""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+from pydantic import BaseModel, SecretStr
+
+from bot.config.errors import KeyPath, Source, dotted
+from bot.config.models import Config
+
+__all__ = ["MIN_SECRET_LENGTH", "trust_warnings"]
+
+MIN_SECRET_LENGTH = 32
+"""Below this a secret is warned of as weak (the file is refused below 16)."""
+_MIN_VARIETY = 8
+"""A secret of fewer distinct characters is warned of as weak."""
+_EMAIL_SECRET_KEY = re.compile(r"password|passwd|secret|token", re.IGNORECASE)
+_LOOPBACK_NAMES = ("localhost", "localhost.", "ip6-localhost")
+_MAKE_ONE = "python -c 'import secrets; print(secrets.token_urlsafe(32))'"
+
+
+def trust_warnings(config: Config, *, host: str | None = None) -> list[str]:
+    """The warnings of a configuration that is valid but should not be trusted as it is,
+    in the order of the file, each `<file>:<line>: <dotted.key>: warning: <what and what to
+    do>`. `host` is the address `serve` was told to listen on instead of `server.host`.
+
+    Whether a secret was written in the file is known only of a configuration read by
+    `load_config`; the other checks apply to any."""
+    source: Source | None = config._source
+    secrets = list(_secrets(config))
+    found: list[tuple[int, str]] = []
+
+    def add(path: KeyPath, message: str) -> None:
+        line = source.line(path) if source is not None else 0
+        found.append((line, f"{config.location(path)}: warning: {message}"))
+
+    first_place: dict[str, KeyPath] = {}
+    for path, value in secrets:
+        if source is not None:
+            literal = _literal(source, path, config)
+            if literal is not None:
+                add(path, literal)
+        weakness = _weakness(value)
+        if weakness is not None:
+            add(
+                path,
+                f"a weak secret ({weakness}): use at least {MIN_SECRET_LENGTH} random "
+                f"characters, such as the output of {_MAKE_ONE}",
+            )
+        earlier = first_place.setdefault(value, path)
+        if earlier != path:
+            where = dotted(earlier)
+            if source is not None:
+                where = f"{where} (line {source.line(earlier)})"
+            add(
+                path,
+                f"the same secret as {where}: give each its own, so that one that leaks "
+                "does not give the other away",
+            )
+    plain = _plain_http(config, host, source)
+    if plain is not None:
+        add(("server", "host"), plain)
+    found.sort(key=lambda pair: pair[0])
+    return [text for _, text in found]
+
+
+# --- the secrets of a configuration ---------------------------------------------------------
+
+
+def _secrets(config: Config) -> Iterator[tuple[KeyPath, str]]:
+    """Every secret of the file with its key path, in the order of the models: each
+    `SecretStr` field (API tokens, web.secret, Slack's tokens, webhook secrets, audit.key),
+    and the passwords, secrets and tokens of the `email:` section."""
+    for path, value in _walk(config, ()):
+        if isinstance(value, SecretStr):
+            yield path, value.get_secret_value()
+        elif path[:1] == ("email",) and _is_password(path, value):
+            yield path, str(value)
+
+
+def _is_password(path: KeyPath, value: object) -> bool:
+    """Whether a value of the `email:` section is a password, secret or token."""
+    if isinstance(value, bool) or not isinstance(value, (str, int)):
+        return False
+    return _EMAIL_SECRET_KEY.search(str(path[-1])) is not None
+
+
+def _walk(value: Any, path: KeyPath) -> Iterator[tuple[KeyPath, Any]]:
+    if isinstance(value, BaseModel):
+        for name in type(value).model_fields:
+            yield from _walk(getattr(value, name), (*path, name))
+    elif isinstance(value, Mapping):
+        for key, item in value.items():
+            yield from _walk(item, (*path, key))
+    elif isinstance(value, list):
+        for index, item in enumerate(value):
+            yield from _walk(item, (*path, index))
+    else:
+        yield path, value
+
+
+def _literal(source: Source, path: KeyPath, config: Config) -> str | None:
+    """Why the secret at `path` is in the file, or None when it comes from the environment."""
+    variable = _variable_for(path, config)
+    defaulted = source.defaulted.get(path)
+    if defaulted:
+        names = ", ".join(f"${{{name}:-...}}" for name in defaulted)
+        return (
+            f"the secret has a default, {names}: a default is written in the file, so it is "
+            f"a secret written in the file; write ${{{defaulted[0]}}} without a default and "
+            f"set {defaulted[0]} in the environment"
+        )
+    if path not in source.from_environment:
+        return (
+            "a secret written in the file: whoever reads the file (or its history) has it; "
+            f"write ${{{variable}}} and set {variable} in the environment"
+        )
+    return None
+
+
+_VARIABLES: Mapping[KeyPath, str] = {
+    ("web", "secret"): "NODBOT_WEB_SECRET",
+    ("slack", "bot_token"): "SLACK_BOT_TOKEN",
+    ("slack", "signing_secret"): "SLACK_SIGNING_SECRET",
+    ("slack", "app_token"): "SLACK_APP_TOKEN",
+    ("audit", "key"): "NODBOT_AUDIT_KEY",
+}
+
+
+def _variable_for(path: KeyPath, config: Config) -> str:
+    """A name for the environment variable to hold the secret at `path`."""
+    known = _VARIABLES.get(path)
+    if known is not None:
+        return known
+    if path[:2] == ("api", "tokens") and isinstance(path[2], int):
+        return _variable_name("NODBOT_TOKEN_", config.api.tokens[path[2]].name)
+    if path[:1] == ("webhooks",) and isinstance(path[1], int):
+        return _variable_name("NODBOT_WEBHOOK_SECRET_", config.webhooks[path[1]].name)
+    if path[:1] == ("email",):
+        return _variable_name("", "_".join(str(part) for part in path[1:]))
+    return _variable_name("NODBOT_", "_".join(str(part) for part in path))
+
+
+def _variable_name(prefix: str, name: str) -> str:
+    return prefix + re.sub(r"\W+", "_", name).strip("_").upper()
+
+
+def _weakness(value: str) -> str | None:
+    """Why the secret is weak, or None. Says nothing of the value but its shortness and
+    variety."""
+    reasons = []
+    if len(value) < MIN_SECRET_LENGTH:
+        reasons.append(f"shorter than {MIN_SECRET_LENGTH} characters")
+    distinct = len(set(value))
+    if distinct <= 1:
+        reasons.append("one character repeated")
+    elif value.isdigit():
+        reasons.append("only digits")
+    elif distinct < _MIN_VARIETY:
+        reasons.append(f"fewer than {_MIN_VARIETY} different characters")
+    return ", ".join(reasons) or None
+
+
+# --- where the bot listens ------------------------------------------------------------------
+
+
+def _plain_http(config: Config, host: str | None, source: Source | None) -> str | None:
+    """Why listening where the bot listens is unsafe, or None: beyond loopback, reviewers'
+    tokens, sign-in links and sessions must not cross the network over plain http."""
+    listening = host or config.server.host
+    if _is_loopback(listening):
+        return None
+    public_url = config.web.public_url
+    if public_url is not None and public_url.startswith("https://"):
+        return None
+    hidden = host is None and source is not None and ("server", "host") in source.substituted
+    where = "beyond loopback" if hidden else f"on {listening} (beyond loopback)"
+    if host is not None:
+        where += ", as --host says,"
+    why = "web.public_url is not set" if public_url is None else f"web.public_url is {public_url}"
+    return (
+        f"the bot listens {where} over plain http ({why}): API tokens, sign-in links and "
+        "sessions cross the network readable; put it behind a TLS proxy and set "
+        "web.public_url to the proxy's https:// address (or listen on 127.0.0.1)"
+    )
+
+
+def _is_loopback(host: str) -> bool:
+    if host.lower() in _LOOPBACK_NAMES:
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
