@@ -84,7 +84,9 @@ async def demo(auto: str | None, port: int) -> None:
         )
         async with serving(str(config)) as bot, httpx.AsyncClient(base_url=bot.url) as client:
             print(f"nodbot is serving {bot.url} (store {bot.store_url})")
-            body = {"agent": "support", "input": "Refund order A-1001", "requested_by": "carol"}
+            # Requested by the token's name: the demo's one person asks and decides (the
+            # rule allows self-approval); naming someone else needs runs:write-as.
+            body = {"agent": "support", "input": "Refund order A-1001"}
             run = (await client.post("/runs", json=body, headers=headers)).json()
             [pending] = run["pending"]
             print(f"Run {run['run_id']} asks: {pending['tool']} {pending['arguments']}")

@@ -82,8 +82,10 @@ class WorkersConfig(ConfigModel):
     when its lease runs out. Longer than any tool call takes."""
 
 
-ApiScope: TypeAlias = Literal["approvals:read", "approvals:decide", "runs:write"]
-"""What an API token may do: read approvals, decide them, start runs."""
+ApiScope: TypeAlias = Literal["approvals:read", "approvals:decide", "runs:write", "runs:write-as"]
+"""What an API token may do: read approvals, decide them, start runs (requested by the token's
+name), start runs requested by someone else (`requested_by`: for a front end that starts runs
+for its users; such a token may deny calls but never approve or edit them)."""
 
 _MIN_TOKEN_LENGTH = 16
 
@@ -116,13 +118,18 @@ class ApiToken(ConfigModel):
     stays out of the file."""
     scopes: list[ApiScope]
     """What the token may do: a non-empty subset of approvals:read, approvals:decide,
-    runs:write."""
+    runs:write (start runs requested by this token's name) and runs:write-as (with
+    runs:write, start runs for the `requested_by` the body names; a token with it may deny
+    calls over the API but not approve or edit them, since it may have started any run)."""
 
     @field_validator("scopes")
     @classmethod
     def _scopes(cls, value: list[ApiScope]) -> list[ApiScope]:
         if not value:
-            raise problem("expected at least one of approvals:read, approvals:decide, runs:write")
+            raise problem(
+                "expected at least one of approvals:read, approvals:decide, runs:write, "
+                "runs:write-as"
+            )
         if len(set(value)) != len(value):
             raise problem(f"each scope may be listed once, not {value}")
         return value

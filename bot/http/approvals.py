@@ -9,6 +9,11 @@
 
 A decision is recorded with `decided_by` set to the token's name and channel `api`, through
 `Executor.decide`, so an edit is validated with the tool's model before anything is recorded.
+A token with the scope `runs:write-as` may have started any run for someone else, and the run
+keeps only its requester: such a token may deny calls, never approve or edit them.
+
+Every route's body is limited (`bot.http.limits`), and `/slack/events` checks Slack's
+signature on the raw body before Bolt parses it.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ from pydantic import BaseModel
 from slack_bolt.adapter.starlette.async_handler import AsyncSlackRequestHandler
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
@@ -29,6 +35,7 @@ from bot.authorize import Verdict
 from bot.config import ApiToken
 from bot.http.auth import ApiError, TokenTable
 from bot.http.common import json_body, json_response, parse
+from bot.http.limits import BodyLimit, SlackSignature
 from bot.http.metrics import metrics_endpoint
 from bot.http.openapi import openapi_document
 from bot.http.runs import run_routes
@@ -73,6 +80,11 @@ AuthorizeDecision: TypeAlias = Callable[[str, ApprovalRecord, Decision], Awaitab
 to refuse (None to allow). The bot's is `bot.authorize.Authorizer`."""
 
 CHANNEL = "api"
+
+STARTS_FOR_OTHERS_REASON = (
+    "a token with the scope runs:write-as may deny calls but not approve or edit them: it may "
+    "have started this run for someone else"
+)
 
 _M = TypeVar("_M", bound=BaseModel)
 
@@ -126,10 +138,14 @@ def create_app(
     if inbox is not None:
         routes += inbox.routes()
     if slack is not None:
-        # Slack's requests are signed with the app's signing secret; Bolt checks them.
+        # Slack's requests are signed with the app's signing secret: checked here on the raw
+        # bytes (at most SLACK_BODY of them) before Bolt parses anything; Bolt checks again.
         slack_events = AsyncSlackRequestHandler(slack.app)
+        secret = slack.config.signing_secret
+        signed = SlackSignature(secret.get_secret_value() if secret is not None else "")
 
         async def slack_endpoint(request: Request) -> Response:
+            await signed.check(request)
             return await slack_events.handle(request)
 
         routes.append(Route("/slack/events", slack_endpoint, methods=["POST"]))
@@ -143,6 +159,7 @@ def create_app(
     routes.append(Route("/metrics", metrics_endpoint(store, counters), methods=["GET"]))
     return Starlette(
         routes=routes,
+        middleware=[Middleware(BodyLimit)],
         exception_handlers={
             ApiError: _api_error,
             HTTPException: _http_error,
@@ -196,11 +213,14 @@ class _ApprovalsApi:
         return json_response(detail)
 
     async def decide(self, request: Request) -> Response:
-        principal = self.tokens.require(request, "approvals:decide")
+        token = self.tokens.require_token(request, "approvals:decide")
+        principal = token.name
         body = parse(DecideBody, await json_body(request), "invalid decision")
         record = await self._record(request.path_params["approval_id"])
         decision = body.to_decision(principal)
         verdict = await self.authorize(principal, record, decision)
+        if verdict.refusal is None and decision.approved and "runs:write-as" in token.scopes:
+            verdict = Verdict(verdict.person, STARTS_FOR_OTHERS_REASON)
         evidence = {"token": principal}
         if verdict.refusal is not None:
             await self.store.refuse(

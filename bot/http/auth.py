@@ -11,7 +11,7 @@ from starlette.requests import Request
 
 from bot.config import ApiScope, ApiToken
 
-__all__ = ["ApiError", "TokenTable"]
+__all__ = ["ApiError", "TokenTable", "missing_scope"]
 
 
 class ApiError(Exception):
@@ -63,7 +63,17 @@ class TokenTable:
     def require(self, request: Request, scope: ApiScope) -> str:
         """The principal (the token's name) of a request whose token has `scope`. Raises
         `ApiError` 401 (no valid token) or 403 (the scope is missing)."""
+        return self.require_token(request, scope).name
+
+    def require_token(self, request: Request, scope: ApiScope) -> ApiToken:
+        """The token of a request, which has `scope`. Raises `ApiError` 401 (no valid token)
+        or 403 (the scope is missing)."""
         token = self.authenticate(request)
         if scope not in token.scopes:
-            raise ApiError(403, f"this token lacks the scope {scope}", details={"scope": scope})
-        return token.name
+            raise missing_scope(scope)
+        return token
+
+
+def missing_scope(scope: ApiScope, why: str = "") -> ApiError:
+    """The 403 of a request whose token lacks `scope` (`why`: what needs it, if not all)."""
+    return ApiError(403, f"this token lacks the scope {scope}{why}", details={"scope": scope})

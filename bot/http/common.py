@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
@@ -10,6 +9,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from bot.http.auth import ApiError
+from bot.http.limits import loads
 from bot.http.schemas import field_errors
 
 __all__ = ["json_body", "json_response", "parse"]
@@ -28,11 +28,10 @@ def parse(model: type[_M], data: Any, what: str) -> _M:
 
 
 async def json_body(request: Request) -> Any:
-    """The request's body parsed as JSON; a 422 `ApiError` otherwise."""
-    try:
-        return json.loads(await request.body())
-    except ValueError:
-        raise ApiError(422, "the body is not valid JSON", details={}) from None
+    """The request's body parsed as JSON (see `bot.http.limits.loads`: no NaN, no duplicate
+    keys, no lone surrogates, nested at most 32 levels); a 422 `ApiError` otherwise, and 413
+    when the body is over the route's limit."""
+    return loads(await request.body())
 
 
 def json_response(model: BaseModel, *, status: int = 200) -> Response:

@@ -20,7 +20,8 @@ _ERRORS = {
     "403": "the token lacks the scope, or the rules refuse the decision",
     "404": "no such approval or run",
     "409": "already decided (the first decision wins), or already voted",
-    "422": "invalid fields, each named",
+    "413": "the body is larger than the route's limit",
+    "422": "invalid fields, each named, or a body that is not acceptable JSON",
 }
 
 
@@ -87,7 +88,7 @@ def _approval_paths() -> dict[str, Any]:
             "post": _operation(
                 "Approve, edit or deny (a vote when the review needs several approvals)",
                 "approvals:decide",
-                _answers("200", ApprovalView, "401", "403", "404", "409", "422"),
+                _answers("200", ApprovalView, "401", "403", "404", "409", "413", "422"),
                 parameters=[approval_id],
                 requestBody={"required": True, **_json(_ref(DecideBody))},
             )
@@ -100,8 +101,8 @@ def _run_paths() -> dict[str, Any]:
         "/runs": {
             "post": _operation(
                 "Start a run of a configured agent",
-                "runs:write",
-                _answers("201", RunView, "401", "403", "422"),
+                "runs:write (and runs:write-as to name another `requested_by`)",
+                _answers("201", RunView, "401", "403", "413", "422"),
                 requestBody={"required": True, **_json(_ref(RunBody))},
             )
         },

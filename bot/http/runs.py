@@ -5,6 +5,10 @@
 | `POST /runs`        | runs:write     | 201, the run as far as it went without a person  |
 | `GET /runs/{id}`    | approvals:read | the run, with the approvals its calls wait for   |
 
+The run's requester is the token's name. A body naming another `requested_by` needs the
+scope `runs:write-as` too (403 naming it otherwise, and nothing is started); a token with
+that scope may deny calls but not approve or edit them (see `bot.http.approvals`).
+
 `GET /runs/{id}?wait=<seconds>` (at most 60) answers as soon as the run has settled (finished,
 failed, or waiting for a review nobody has decided yet) or when the seconds have passed,
 whichever comes first: a client follows a run without polling it.
@@ -23,9 +27,10 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from bot.http.auth import ApiError, TokenTable
+from bot.http.auth import ApiError, TokenTable, missing_scope
 from bot.http.common import json_body, json_response, parse
 from bot.http.schemas import ApprovalView
+from bot.people import People
 from bot.service import BotService, UnknownAgentError
 from core import RunNotFound, RunRecord, RunStatus, ToolMessage
 
@@ -53,9 +58,9 @@ class RunBody(BaseModel):
     """The name of a configured agent."""
     input: Annotated[str, StringConstraints(min_length=1, max_length=20_000)]
     """What the person asked the agent."""
-    requested_by: str | None = None
-    """Who asked (a Slack user id, an address); by default the token's name. The requester
-    may not approve the run's calls."""
+    requested_by: Annotated[str, StringConstraints(min_length=1, max_length=255)] | None = None
+    """Who asked (a Slack user id, an address); by default, and unless the token has the
+    scope runs:write-as, the token's name. The requester may not approve the run's calls."""
 
 
 class ToolResultView(BaseModel):
@@ -91,10 +96,15 @@ def run_routes(service: BotService, tokens: TokenTable) -> list[Route]:
     """The routes of the runs API over `service`."""
 
     async def start(request: Request) -> Response:
-        principal = tokens.require(request, "runs:write")
+        token = tokens.require_token(request, "runs:write")
         body = parse(RunBody, await json_body(request), "invalid run")
+        requester = token.name
+        if body.requested_by is not None and not await People().same(body.requested_by, token.name):
+            if "runs:write-as" not in token.scopes:
+                raise missing_scope("runs:write-as", " needed to start a run for someone else")
+            requester = body.requested_by
         try:
-            run = await service.start_run(body.agent, body.input, body.requested_by or principal)
+            run = await service.start_run(body.agent, body.input, requester)
         except UnknownAgentError as exc:
             raise ApiError(422, str(exc), details={"agent": exc.agent}) from None
         return json_response(await _view(service, run), status=201)

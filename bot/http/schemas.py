@@ -6,7 +6,15 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StringConstraints,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+)
 
 from core import (
     ApprovalEvent,
@@ -18,6 +26,8 @@ from core import (
 )
 
 __all__ = [
+    "MAX_ARGUMENT_TEXT",
+    "MAX_REASON",
     "ApprovalDetail",
     "ApprovalView",
     "DecideBody",
@@ -28,6 +38,12 @@ __all__ = [
     "ListQuery",
     "field_errors",
 ]
+
+
+MAX_REASON = 2_000
+"""The most characters a decision's reason may have."""
+MAX_ARGUMENT_TEXT = 10_000
+"""The most characters of a string anywhere in an edit's arguments."""
 
 
 class _Model(BaseModel):
@@ -70,14 +86,16 @@ class DecideBody(_Model):
     """`approve` runs the call, `edit` runs it with changed arguments, `deny` refuses it."""
     arguments: dict[str, Any] | None = Field(default=None, validate_default=True)
     """For `edit` only: the arguments to change; the others keep their values."""
-    reason: str | None = None
-    """Why; a denied call's model is told this reason."""
+    reason: Annotated[str, StringConstraints(max_length=MAX_REASON)] | None = None
+    """Why, at most 2,000 characters; a denied call's model is told this reason."""
 
     @field_validator("arguments")
     @classmethod
     def _only_for_edit(
         cls, arguments: dict[str, Any] | None, info: ValidationInfo
     ) -> dict[str, Any] | None:
+        if arguments is not None:
+            _check_texts(arguments, "arguments")
         return check_edit_arguments(info.data.get("action"), arguments)
 
     def to_decision(self, decided_by: str) -> Decision:
@@ -185,6 +203,21 @@ class ApprovalDetail(ApprovalView):
 
     events: list[EventView]
     """Every change and refused attempt, oldest first."""
+
+
+def _check_texts(value: Any, path: str) -> None:
+    """Raises `ValueError` naming the first string longer than `MAX_ARGUMENT_TEXT`."""
+    if isinstance(value, str):
+        if len(value) > MAX_ARGUMENT_TEXT:
+            raise ValueError(
+                f"{path} has {len(value)} characters; at most {MAX_ARGUMENT_TEXT} are allowed"
+            )
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            _check_texts(item, f"{path}.{key}")
+    elif isinstance(value, list):
+        for index, item in enumerate(value):
+            _check_texts(item, f"{path}.{index}")
 
 
 def field_errors(error: ValidationError) -> list[dict[str, str]]:

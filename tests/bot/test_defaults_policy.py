@@ -363,7 +363,7 @@ api:
   tokens:
     - name: ana
       token: ${{NODBOT_TOKEN_ANA}}
-      scopes: [runs:write, approvals:read]
+      scopes: [runs:write, runs:write-as, approvals:read]
     - name: U0123LEADS
       token: ${{NODBOT_TOKEN_LEAD}}
       scopes: [approvals:read, approvals:decide]

@@ -183,7 +183,7 @@ workers: {{poll: 0.2}}
 web: {{secret: web-secret-for-tests-0000}}
 api:
   tokens:
-    - {{name: api, token: {token}, scopes: [runs:write, approvals:read, approvals:decide]}}
+    - {{name: api, token: {token}, scopes: [runs:write, runs:write-as, approvals:read]}}
     - {{name: {lead}, token: token-of-lead-000000, scopes: [approvals:read, approvals:decide]}}
 agents:
   support: examples.support_agent:agent

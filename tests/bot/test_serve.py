@@ -45,7 +45,7 @@ api:
   tokens:
     - name: ana
       token: ${{NODBOT_TOKEN_ANA}}
-      scopes: [runs:write, approvals:read]
+      scopes: [runs:write, runs:write-as, approvals:read]
     - name: U0123LEADS
       token: ${{NODBOT_TOKEN_LEAD}}
       scopes: [approvals:read, approvals:decide]
@@ -306,7 +306,7 @@ async def test_the_openapi_document_describes_every_route(served: Running) -> No
     assert set(schemas["DecideBody"]["properties"]) == {"action", "arguments", "reason"}
     assert {ref.rsplit("/", 1)[1] for ref in refs(document)} <= set(schemas)
     decide = document["paths"]["/approvals/{approval_id}/decide"]["post"]
-    assert set(decide["responses"]) == {"200", "401", "403", "404", "409", "422"}
+    assert set(decide["responses"]) == {"200", "401", "403", "404", "409", "413", "422"}
 
 
 async def test_metrics_count_approvals_runs_and_decisions(served: Running) -> None:

@@ -149,7 +149,7 @@ server: {{host: 127.0.0.1, port: 0}}
 workers: {{poll: 0.2}}
 api:
   tokens:
-    - {{name: api, token: {token}, scopes: [runs:write, approvals:read, approvals:decide]}}
+    - {{name: api, token: {token}, scopes: [runs:write, runs:write-as, approvals:read]}}
     - {{name: {lead}, token: token-of-lead-000000, scopes: [approvals:read, approvals:decide]}}
 agents:
   support: examples.support_agent:agent
