@@ -7,16 +7,23 @@ its reviewers are Slack users, user groups (their members, asked of Slack and ca
 channels (the members of a channel the review was posted to) and email addresses (the
 clicker's address, as Slack holds it); the run's requester, under any of their handles, may
 not approve unless the rule allows it. A check that cannot be made (Slack failing to say who
-the clicker is) refuses. Anyone refused gets an ephemeral message, and the refused attempt
-goes to the review's events with the clicker's person and the click's evidence. A decision
-is recorded through `Executor.decide` (an edit is validated with the tool's model first),
-with `decided_by` the Slack user id, the person and the click's evidence, channel `slack`;
-the workers are woken, the run goes on, and the outbox updates the messages.
+the clicker is) refuses. A click decides only the review of the message it is on: the
+approval its button names must be the one whose request (or escalation) was posted as that
+message (channel and ts), and a modal, which the bot opens from such a click, keeps that
+message in its metadata and is checked again on submission. Anyone refused gets an
+ephemeral message, and the refused attempt goes to the review's events with the clicker's
+person and the click's evidence. A decision is recorded through `Executor.decide` (an edit
+is validated with the tool's model first), with `decided_by` the Slack user id, the person
+and the click's evidence, channel `slack`; the workers are woken, the run goes on, and the
+outbox updates the messages.
 """
 
 from __future__ import annotations
 
+import asyncio
+import json
 import logging
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -27,8 +34,8 @@ from slack_sdk.errors import SlackApiError
 from bot.authorize import Authorizer, Verdict
 from bot.config import SlackConfig
 from bot.forms import FIELD_PREFIX, EditField, edit_fields, parse_edit
-from bot.people import People
-from bot.slack.channel import SlackChannel
+from bot.people import IdentityUnavailable, People
+from bot.slack.channel import SlackChannel, messages_of
 from bot.slack.messages import (
     ACTION_APPROVE,
     ACTION_DENY,
@@ -51,12 +58,18 @@ from core import (
     ToolDecision,
     UnknownToolError,
 )
+from core.store import utc_now
 
 __all__ = ["CHANNEL", "SlackReviews", "connect_socket_mode"]
 
 log = logging.getLogger(__name__)
 
 CHANNEL = "slack"
+
+NOT_ITS_MESSAGE = "this button does not belong to this review"
+POSTED_WAIT = 5.0
+"""How long (seconds) a click waits for the message it is on to be recorded: Slack answers
+a post before the outbox records the message, and a click may come in between."""
 
 
 class SlackReviews:
@@ -125,7 +138,7 @@ class SlackReviews:
             await self._tell(click, "nothing of this call may be edited here")
             return
         await self.channel.client.views_open(
-            trigger_id=click.trigger_id, view=_with_channel(edit_modal(record, fields), click)
+            trigger_id=click.trigger_id, view=_with_message(edit_modal(record, fields), click)
         )
 
     async def _deny(self, ack: AsyncAck, body: dict[str, Any]) -> None:
@@ -138,7 +151,7 @@ class SlackReviews:
         if await self._allowed(click, record, probe) is None:
             return
         await self.channel.client.views_open(
-            trigger_id=click.trigger_id, view=_with_channel(deny_modal(record), click)
+            trigger_id=click.trigger_id, view=_with_message(deny_modal(record), click)
         )
 
     # --- modals -------------------------------------------------------------------------------
@@ -151,6 +164,10 @@ class SlackReviews:
             record = await self.store.get(click.approval_id)
         except ApprovalNotFound:
             await ack(response_action="errors", errors=_first(view, "this review no longer exists"))
+            return
+        if not await self._on_its_message(click, wait=False):
+            await self._refuse_elsewhere(click, record)
+            await ack(response_action="errors", errors=_first(view, NOT_ITS_MESSAGE))
             return
         fields = self._fields(record)
         form = _form(view, fields)
@@ -200,7 +217,7 @@ class SlackReviews:
         click = _Click.of_view(body, view)
         state = view.get("state", {}).get("values", {})
         reason = (state.get("reason", {}).get("value", {}) or {}).get("value") or None
-        record = await self._record(click)
+        record = await self._record(click, wait=False)
         if record is None:
             return
         decision = Decision(approved=False, reason=reason, decided_by=click.user)
@@ -235,12 +252,55 @@ class SlackReviews:
         if self.on_decided is not None:
             self.on_decided()
 
-    async def _record(self, click: _Click) -> ApprovalRecord | None:
+    async def _record(self, click: _Click, *, wait: bool = True) -> ApprovalRecord | None:
+        """The review the click names, when the click is on one of its messages; else None,
+        once the clicker is told (and a click on another review's message recorded)."""
         try:
-            return await self.store.get(click.approval_id)
+            record = await self.store.get(click.approval_id)
         except ApprovalNotFound:
             await self._tell(click, "this review no longer exists")
             return None
+        if not await self._on_its_message(click, wait=wait):
+            await self._refuse_elsewhere(click, record)
+            await self._tell(click, NOT_ITS_MESSAGE)
+            return None
+        return record
+
+    async def _on_its_message(self, click: _Click, *, wait: bool) -> bool:
+        """Whether the click is on a message posted for the review it names: a button's
+        value (and a modal's metadata) come back from the client, which may change them;
+        the message it is on is Slack's to say. With `wait`, a post of the review still
+        being recorded is waited for (up to `POSTED_WAIT`)."""
+        if click.message is None:
+            return False
+        deadline = time.monotonic() + (POSTED_WAIT if wait else 0.0)
+        while True:
+            posts = await self.channel.posts(click.approval_id)
+            posted = {
+                (str(m.get("channel")), str(m.get("ts"))) for d in posts for m in messages_of(d.ref)
+            }
+            if click.message in posted:
+                return True
+            now = utc_now()
+            in_flight = any(d.status == "due" and d.due_at <= now for d in posts)
+            if not in_flight or time.monotonic() >= deadline:
+                return False
+            await asyncio.sleep(0.1)
+
+    async def _refuse_elsewhere(self, click: _Click, record: ApprovalRecord) -> None:
+        """Record, on the review the click names, a click made on another message."""
+        try:
+            person: str | None = (await self.authorizer.people.person(click.user)).key
+        except IdentityUnavailable:
+            person = None
+        await self.store.refuse(
+            record.approval_id,
+            actor=click.user,
+            channel=CHANNEL,
+            reason=NOT_ITS_MESSAGE,
+            person=person,
+            evidence=click.evidence,
+        )
 
     async def _allowed(
         self, click: _Click, record: ApprovalRecord, decision: Decision
@@ -309,24 +369,36 @@ class _Click:
         channel: str,
         trigger_id: str,
         evidence: dict[str, str],
+        message: tuple[str, str] | None,
     ) -> None:
         self.user = user
         self.approval_id = approval_id
         self.channel = channel
         self.trigger_id = trigger_id
         self.evidence = evidence
+        self.message = message
+        """The channel and ts of the message the click is on; None when not told, or told
+        two ways that disagree."""
 
     @classmethod
     def of(cls, body: dict[str, Any]) -> _Click:
         action = (body.get("actions") or [{}])[0]
         user = str(body["user"]["id"])
         channel = str((body.get("channel") or {}).get("id") or "")
+        container = body.get("container") or {}
+        message = _message_of(
+            [str(container.get("channel_id") or ""), channel],
+            [
+                str(container.get("message_ts") or ""),
+                str((body.get("message") or {}).get("ts") or ""),
+            ],
+        )
         evidence = {
             "user": user,
             "team": _team(body),
             "action_ts": str(action.get("action_ts") or ""),
             "channel": channel,
-            "message_ts": str((body.get("container") or {}).get("message_ts") or ""),
+            "message_ts": str(container.get("message_ts") or ""),
         }
         return cls(
             user=user,
@@ -334,15 +406,25 @@ class _Click:
             channel=channel,
             trigger_id=str(body.get("trigger_id") or ""),
             evidence={key: value for key, value in evidence.items() if value},
+            message=message,
         )
 
     @classmethod
     def of_view(cls, body: dict[str, Any], view: dict[str, Any]) -> _Click:
-        approval_id, _, channel = str(view.get("private_metadata") or "").partition(" ")
+        metadata = _metadata(str(view.get("private_metadata") or ""))
+        approval_id, channel, ts = (
+            metadata.get(key, "") for key in ("approval_id", "channel", "ts")
+        )
         user = str(body["user"]["id"])
-        evidence = {"user": user, "team": _team(body), "view_id": str(view.get("id") or "")}
+        evidence = {
+            "user": user,
+            "team": _team(body),
+            "view_id": str(view.get("id") or ""),
+            "channel": channel,
+            "message_ts": ts,
+        }
         kept = {key: value for key, value in evidence.items() if value}
-        return cls(user, approval_id, channel, "", kept)
+        return cls(user, approval_id, channel, "", kept, _message_of([channel], [ts]))
 
 
 def _team(body: dict[str, Any]) -> str:
@@ -350,9 +432,32 @@ def _team(body: dict[str, Any]) -> str:
     return str(team.get("id") or body["user"].get("team_id") or "")
 
 
-def _with_channel(view: dict[str, Any], click: _Click) -> dict[str, Any]:
-    """The modal, remembering (in its metadata) the channel of the click, for messages."""
-    return {**view, "private_metadata": f"{view['private_metadata']} {click.channel}".strip()}
+def _with_message(view: dict[str, Any], click: _Click) -> dict[str, Any]:
+    """The modal, remembering (in its metadata, as JSON) the review and the message of the
+    click that opened it: the submission is checked against that message again."""
+    channel, ts = click.message or ("", "")
+    metadata = {"approval_id": view["private_metadata"], "channel": channel, "ts": ts}
+    return {**view, "private_metadata": json.dumps(metadata, separators=(",", ":"))}
+
+
+def _metadata(text: str) -> dict[str, str]:
+    """A modal's metadata (see `_with_message`); a modal opened by an older bot (the
+    approval id, a space, the channel) keeps its approval id but names no message."""
+    try:
+        found = json.loads(text)
+    except ValueError:
+        found = None
+    if isinstance(found, dict):
+        return {str(key): str(value) for key, value in found.items() if value is not None}
+    return {"approval_id": text.partition(" ")[0]}
+
+
+def _message_of(channels: list[str], stamps: list[str]) -> tuple[str, str] | None:
+    """The one (channel, ts) that the payload's mentions of them agree on, else None."""
+    channel, ts = {c for c in channels if c}, {t for t in stamps if t}
+    if len(channel) != 1 or len(ts) != 1:
+        return None
+    return channel.pop(), ts.pop()
 
 
 def _form(view: dict[str, Any], fields: list[EditField]) -> dict[str, str]:

@@ -9,6 +9,9 @@
 | `POST /inbox/approvals/{id}/decide`    | approve, edit or deny (form-encoded)               |
 | `POST /inbox/logout`                   | ends the session                                   |
 
+An approval is shown (and decided) only to those who may see it (`WebInbox._may_see`): its
+reviewers as the rule has them, its requester, and whoever voted on it or decided it; to
+anyone else its page is the one of an unknown id (404), so that its existence is not told.
 A decision goes the way of the API's: the rule's policy allows it, person by person
 (`bot.authorize.Authorizer`: the signed-in address is the same reviewer as its Slack user),
 then `Executor.decide` validates an edit with the tool's model and records it, with
@@ -35,10 +38,13 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, RedirectResponse, Response
 from starlette.routing import Route
 
+from bot.authorize import Authorizer
 from bot.config import WebConfig
 from bot.forms import EditField, edit_fields, is_long, parse_edit, shown
 from bot.http import AuthorizeDecision
 from bot.http.approvals import refuse_self_approval
+from bot.people import IdentityUnavailable, People
+from bot.policy import SELF_APPROVAL_REASON, rule_refusal
 from bot.service import BotService
 from bot.web.signing import Session, Signer, TokenError, link_for
 from core import (
@@ -128,6 +134,7 @@ class WebInbox:
         web: WebConfig,
         service: BotService | None = None,
         authorize: AuthorizeDecision = refuse_self_approval,
+        people: People | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
         secret = web.secret.get_secret_value() if web.secret is not None else None
@@ -136,6 +143,10 @@ class WebInbox:
         self.registry = registry
         self.service = service
         self.authorize = authorize
+        if people is None:
+            people = authorize.people if isinstance(authorize, Authorizer) else People()
+        self.people = people
+        """Who is who, to tell the requester (the authorizer's, when it is an `Authorizer`)."""
         self.signer = Signer(secret or secrets.token_urlsafe(32), clock=clock)
         self.executor = Executor(registry, approval=DeferredApproval(store))
         self.secure = (web.public_url or "").startswith("https://")
@@ -247,7 +258,7 @@ class WebInbox:
 
     async def approval(self, request: Request) -> Response:
         session = self._session(request)
-        record = await self._record(request.path_params["approval_id"])
+        record = await self._visible(session.principal, request.path_params["approval_id"])
         return await self._approval_page(session, record)
 
     async def decide(self, request: Request) -> Response:
@@ -255,7 +266,7 @@ class WebInbox:
         form = await _form(request)
         self._check_csrf(session, form)
         who = session.principal
-        record = await self._record(request.path_params["approval_id"])
+        record = await self._visible(who, request.path_params["approval_id"])
         action = form.get("action", "")
         if action not in ACTIONS:
             raise PageError(
@@ -450,13 +461,45 @@ class WebInbox:
         )
         raise _refused(record, reason)
 
-    async def _record(self, approval_id: str) -> ApprovalRecord:
+    async def _visible(self, who: str, approval_id: str) -> ApprovalRecord:
+        """The approval, when `who` may see it. Raises `PageError` 404 when there is no such
+        approval, and the same when there is one that `who` may not see."""
         try:
-            return await self.store.get(approval_id)
+            record = await self.store.get(approval_id)
         except ApprovalNotFound:
-            raise PageError(
-                404, "No such approval", f"No approval has the id {approval_id!r}."
-            ) from None
+            raise _not_found(approval_id) from None
+        if not await self._may_see(who, record):
+            log.info("%s may not see approval %s: answered as unknown", who, approval_id)
+            raise _not_found(approval_id)
+        return record
+
+    async def _may_see(self, who: str, record: ApprovalRecord) -> bool:
+        """Whether `who` may see `record`: one of its reviewers as the authorizer has them
+        (escalation, user groups and channels included; anyone when the rule names none),
+        its requester, or someone who voted on it or decided it. A check that cannot be
+        made (Slack failing) does not show it."""
+        person: str | None = None
+        for probe in (Decision(approved=False), Decision(approved=True)):
+            verdict = await self.authorize(who, record, probe)
+            person = person or verdict.person
+            # Refused only by the rule (the same for everyone) or as the requester: still
+            # one of those who see it.
+            if verdict.refusal in (None, rule_refusal(record, probe), SELF_APPROVAL_REASON):
+                return True
+        requester = record.request.requested_by
+        try:
+            if requester is not None and await self.people.same(requester, who):
+                return True
+        except IdentityUnavailable:
+            pass
+        handle = who.lower()
+        for event in await self.store.events(record.approval_id):
+            if event.kind not in ("voted", "decided"):
+                continue
+            same = person is not None and event.person == person
+            if same or (event.actor or "").lower() == handle:
+                return True
+        return False
 
     def _session(self, request: Request) -> Session:
         cookie = request.cookies.get(COOKIE)
@@ -548,6 +591,10 @@ class WebInbox:
 
 
 _NEW_LINK = "Ask whoever gave it to you for a new link."
+
+
+def _not_found(approval_id: str) -> PageError:
+    return PageError(404, "No such approval", f"No approval has the id {approval_id!r}.")
 
 
 def _already_decided(approval_id: str, decided_by: str | None) -> PageError:
