@@ -95,7 +95,8 @@ async def _decide(config: Config, store: SqlApprovalStore, arguments: argparse.N
     agents, _ = load_agents(config)
     registry = ToolRegistry.merged(agent.tools for agent in agents.values())
     slack = SlackChannel(config.slack, store, registry) if config.slack is not None else None
-    verdict = await authorizer_for(config, slack).check(arguments.principal, record, decision)
+    authorizer = authorizer_for(config, slack, runs=store)
+    verdict = await authorizer.check(arguments.principal, record, decision)
     evidence = {"os_user": _os_user()}
     if verdict.refusal is not None:
         await store.refuse(

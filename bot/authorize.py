@@ -5,8 +5,10 @@ person first (`bot.people`), the same on every channel (Slack, the web inbox, th
 stands for, and the reason to refuse (None to allow). In order:
 
 1. the handle is resolved to a person; a lookup that fails refuses ("try again");
-2. self-approval: the run's requester, resolved too, may deny but not approve or edit,
-   unless the rule allows it;
+2. self-approval: the run's requester, and whoever started the run for them (a token with
+   `runs:write-as`, kept as the run's `started_by`), resolved too, may deny but not approve
+   or edit, unless the rule allows it; when the run cannot be read, the approval is refused
+   ("try again");
 3. the rule's reviewers (and, from `escalate_after` on, `escalate_to`): Slack users and email
    addresses match by person; user groups by the person's Slack users among the group's
    members; channels by membership of a channel the review was posted to. A check of a
@@ -32,7 +34,7 @@ from bot.config.values import Reviewer
 from bot.people import IdentityUnavailable, People, Person
 from bot.policy import SELF_APPROVAL_REASON, rule_refusal
 from bot.slack.directory import Directory
-from core import ApprovalRecord, Decision
+from core import ApprovalRecord, Decision, RunNotFound, RunStore, StoreError
 
 if TYPE_CHECKING:
     from bot.slack.channel import SlackChannel
@@ -42,6 +44,7 @@ __all__ = [
     "NOT_A_REVIEWER",
     "Authorizer",
     "PostedChannels",
+    "StartedBy",
     "Verdict",
     "authorizer_for",
 ]
@@ -49,6 +52,10 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 NOT_A_REVIEWER = "you are not one of the reviewers of this call"
+
+StartedBy = Callable[[ApprovalRecord], Awaitable[str | None]]
+"""`(record) -> who started its run for its requester`, None when nobody else did. Raises
+`StoreError` when that cannot be read."""
 
 PostedChannels = Callable[[ApprovalRecord, str], Awaitable[set[str]]]
 """`(record, channel reviewer as written) -> ids of the channels the review was posted to for
@@ -78,10 +85,12 @@ class Authorizer:
         people: People | None = None,
         *,
         posted_channels: PostedChannels | None = None,
+        started_by: StartedBy | None = None,
         clock: Callable[[], datetime] = utc_now,
     ) -> None:
         self.people = people or People()
         self.posted_channels = posted_channels
+        self.started_by = started_by
         self._clock = clock
 
     @property
@@ -108,10 +117,14 @@ class Authorizer:
         self, person: Person, record: ApprovalRecord, decision: Decision
     ) -> str | None:
         policy = record.request.policy
-        requester = record.request.requested_by
-        self_approval = decision.approved and not policy.get("allow_self_approval", False)
-        if self_approval and requester and (await self.people.person(requester)).key == person.key:
-            return SELF_APPROVAL_REASON
+        if decision.approved and not policy.get("allow_self_approval", False):
+            try:
+                starter = await self.started_by(record) if self.started_by else None
+            except StoreError as exc:
+                return f"could not check who started this run ({exc.kind}); try again in a moment"
+            for handle in (record.request.requested_by, starter):
+                if handle and (await self.people.person(handle)).key == person.key:
+                    return SELF_APPROVAL_REASON
         listed = [str(text) for text in policy.get("reviewers") or []]
         escalate_at = policy.get("escalate_at")
         if escalate_at and self._clock() >= datetime.fromisoformat(escalate_at):
@@ -166,13 +179,27 @@ class Authorizer:
         return False
 
 
-def authorizer_for(config: Config, slack: SlackChannel | None = None) -> Authorizer:
-    """The authorizer of a bot with `config`: its `people:`, and Slack's directory and posts
-    when it has the Slack channel."""
+def authorizer_for(
+    config: Config, slack: SlackChannel | None = None, *, runs: RunStore | None = None
+) -> Authorizer:
+    """The authorizer of a bot with `config`: its `people:`, Slack's directory and posts
+    when it has the Slack channel, and the starters of the runs in `runs`."""
+    started_by = _starter_in(runs) if runs is not None else None
     if slack is None:
-        return Authorizer(People(config.people))
+        return Authorizer(People(config.people), started_by=started_by)
     people = People(config.people, directory=slack.directory, ttl=slack.config.cache_ttl)
-    return Authorizer(people, posted_channels=slack.posted_channels)
+    return Authorizer(people, posted_channels=slack.posted_channels, started_by=started_by)
+
+
+def _starter_in(runs: RunStore) -> StartedBy:
+    async def started_by(record: ApprovalRecord) -> str | None:
+        try:
+            run = await runs.get_run(record.request.run_id)
+        except RunNotFound:
+            return None  # a run of an app of its own: nobody but its requester started it
+        return run.started_by
+
+    return started_by
 
 
 def _reviewer(text: str) -> Reviewer | None:

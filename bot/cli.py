@@ -14,6 +14,7 @@ from bot.config import ConfigError, load_config, trust_warnings
 from bot.config.agents import report_agents
 from bot.runs_cli import add_runs_commands, run_runs_command
 from bot.serve import serve
+from bot.sessions_cli import add_sessions_commands, run_sessions_command
 from bot.web import sign_in_link
 from core import NodbotError, SqlApprovalStore, __version__
 from core.sqlstore import head_revision
@@ -77,6 +78,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_approvals_commands(commands)
     add_runs_commands(commands)
     add_audit_commands(commands)
+    add_sessions_commands(commands)
     return parser
 
 
@@ -143,6 +145,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(asyncio.run(run_approvals_command(arguments)))
         elif arguments.command == "runs":
             print(asyncio.run(run_runs_command(arguments)))
+        elif arguments.command == "sessions":
+            print(asyncio.run(run_sessions_command(arguments)))
         elif arguments.command == "audit":
             return asyncio.run(run_audit_command(arguments))
         elif arguments.command == "inbox-link":

@@ -25,14 +25,52 @@ from typing import Any, Literal, TypeAlias
 
 __all__ = [
     "FIELD_PREFIX",
+    "MAX_ARGUMENT_TEXT",
+    "MAX_REASON",
     "EditField",
     "Parsed",
     "edit_fields",
     "is_long",
     "parse_edit",
+    "reason_too_long",
     "same_value",
     "shown",
+    "text_too_long",
 ]
+
+MAX_REASON = 2_000
+"""The most characters a decision's reason may have, on every channel."""
+MAX_ARGUMENT_TEXT = 10_000
+"""The most characters of a string anywhere in an edit's arguments, on every channel."""
+
+
+def text_too_long(value: Any, path: str) -> str | None:
+    """What is wrong with the first string in `value` (at `path`, dotted below it) longer
+    than `MAX_ARGUMENT_TEXT`, or None."""
+    if isinstance(value, str):
+        if len(value) > MAX_ARGUMENT_TEXT:
+            return f"{path} has {len(value)} characters; at most {MAX_ARGUMENT_TEXT} are allowed"
+        return None
+    items = (
+        value.items()
+        if isinstance(value, dict)
+        else enumerate(value)
+        if isinstance(value, list)
+        else ()
+    )
+    for key, item in items:
+        problem = text_too_long(item, f"{path}.{key}")
+        if problem is not None:
+            return problem
+    return None
+
+
+def reason_too_long(reason: str | None) -> str | None:
+    """What is wrong with a reason longer than `MAX_REASON`, or None."""
+    if reason is not None and len(reason) > MAX_REASON:
+        return f"the reason has {len(reason)} characters; at most {MAX_REASON} are allowed"
+    return None
+
 
 FIELD_PREFIX = "arg."
 """Form fields `arg.<name>` carry the edited arguments."""
@@ -195,6 +233,8 @@ def edit_fields(
 
 def _read(spec: EditField, text: str) -> Any:
     """The value of one posted input. Raises `ValueError` with what was expected."""
+    if spec.kind == "string" and len(text) > MAX_ARGUMENT_TEXT:
+        raise ValueError(f"{len(text)} characters; at most {MAX_ARGUMENT_TEXT} are allowed")
     if spec.kind in ("string", "json"):
         text = text.replace("\r\n", "\n")  # browsers send text areas' line breaks as CRLF
     if spec.nullable and text.strip() == "" and spec.kind != "json":
@@ -225,10 +265,16 @@ def _read(spec: EditField, text: str) -> Any:
             raise ValueError(f"expected one of {choices}")
         return json.loads(text)
     try:
-        return json.loads(text)
+        value = json.loads(text)
     except json.JSONDecodeError as exc:
         where = f"line {exc.lineno}, column {exc.colno}"
         raise ValueError(f"not valid JSON: {exc.msg} ({where})") from None
+    except RecursionError:
+        raise ValueError("not valid JSON here: nested too deeply") from None
+    problem = text_too_long(value, spec.name)
+    if problem is not None:
+        raise ValueError(problem)
+    return value
 
 
 def parse_edit(
@@ -262,8 +308,12 @@ def parse_edit(
             continue
         try:
             value = json.loads(text)
-        except json.JSONDecodeError:
+        except (json.JSONDecodeError, RecursionError):
             value = text
+        problem = text_too_long(value, name)
+        if problem is not None:
+            errors[name] = problem
+            continue
         if name not in arguments or not same_value(value, arguments[name]):
             edited[name] = value
     return Parsed(edited, posted, errors)

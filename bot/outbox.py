@@ -80,8 +80,10 @@ class Channel(Protocol):
         ...
 
     async def deliver(self, delivery: Delivery, record: ApprovalRecord) -> dict[str, Any] | None:
-        """Deliver; returns what to keep about it (kept as the delivery's `ref`). Raises
-        `DeliveryError`."""
+        """Deliver; returns what to keep about it (kept as the delivery's `ref`). A delivery
+        of several steps may keep its progress on the way (`Outbox.delivery_progress`, as
+        `delivery.claimed_by`), and finds it in `delivery.ref` on the next attempt. Raises
+        `DeliveryError`, or `DeliveryLost` when its progress could not be kept."""
         ...
 
     async def close(self) -> None:
@@ -181,6 +183,10 @@ class Dispatcher:
                         f"no {delivery.channel} channel is configured", permanent=True
                     )
                 ref = await channel.deliver(delivery, record)
+            except DeliveryLost as exc:
+                # Its progress could not be kept: another worker holds it now and goes on.
+                log.warning("delivery %s stopped: %s", delivery.delivery_id, exc)
+                return False
             except (DeliveryError, ApprovalNotFound) as exc:
                 return await self._failed(delivery, exc)
             except Exception as exc:

@@ -75,7 +75,7 @@ async def serving(
             slack_channel = SlackChannel(config.slack, store, registry)
             channels.append(slack_channel)
         service = BotService(config, store, agents, channels=channels, registry=registry)
-        authorizer = authorizer_for(config, slack_channel)
+        authorizer = authorizer_for(config, slack_channel, runs=store)
         slack = None
         if config.slack is not None and slack_channel is not None:
             slack = SlackReviews(

@@ -22,6 +22,7 @@ import os
 import socket
 import weakref
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Protocol
 
 from bot.config import Config
@@ -37,8 +38,9 @@ from core import (
     ToolRegistry,
     advance_run,
 )
+from core.sqlstore.notices import Listening
 
-__all__ = ["BotService", "BotStore", "UnknownAgentError"]
+__all__ = ["BotService", "BotStore", "UnknownAgentError", "WorkerHealth"]
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +51,48 @@ CLAIM_BATCH = 10
 
 class BotStore(OutboxStore, RunStore, Protocol):
     """A store of approvals, their outbox and runs (`SqlApprovalStore`)."""
+
+
+FIRST_BACKOFF = 0.1
+MOST_BACKOFF = 5.0
+"""Seconds a worker waits after a failed step before the next: doubling, up to the most."""
+
+UNHEALTHY_AFTER = 2
+"""Failed steps in a row after which the workers count as down (one can be a blip)."""
+
+
+@dataclass
+class WorkerHealth:
+    """What the workers of this process last did, as `/healthz` reports it."""
+
+    running: bool = False
+    """The worker loop is on (it stops only when the bot does)."""
+    failures: int = 0
+    """Failed steps since the last one that succeeded."""
+    error: str | None = None
+    """Why the last step failed, while it keeps failing."""
+    listening: Listening | None = None
+    """The database's notices, where the store has them."""
+    stepped: bool = False
+    """A step has succeeded since the workers started (`/readyz` waits for one)."""
+
+    def failed(self, exc: Exception) -> None:
+        self.failures += 1
+        self.error = f"{type(exc).__name__}: {exc}"
+
+    def succeeded(self) -> None:
+        self.failures, self.error, self.stepped = 0, None, True
+
+    def problems(self) -> list[str]:
+        """What is wrong, in words; empty when the workers are well."""
+        found = []
+        if not self.running:
+            found.append("the workers are not running")
+        elif self.failures >= UNHEALTHY_AFTER:
+            found.append(f"the workers' last {self.failures} steps failed: {self.error}")
+        if self.listening is not None and not self.listening.connected:
+            found.append("the database's notices of decisions are not being received")
+        return found
 
 
 class UnknownAgentError(LookupError):
@@ -96,6 +140,13 @@ class BotService:
         self.dispatcher = Dispatcher(
             store, channels, worker=self.worker, lease=60.0, counters=self.counters
         )
+        # Runs whose step this worker could not save for a database reason, and finished
+        # runs whose answer it could not hand to the outbox: tried again at the next step.
+        # Their claim is this worker's until its lease runs out, so nobody else would.
+        self._unsaved: set[str] = set()
+        self._unanswered: set[str] = set()
+        self.health = WorkerHealth()
+        """How the workers are doing, for /healthz and /readyz."""
 
     def agent(self, name: str) -> Agent:
         """The agent called `name`. Raises `UnknownAgentError`."""
@@ -104,8 +155,11 @@ class BotService:
         except KeyError:
             raise UnknownAgentError(name, sorted(self.agents)) from None
 
-    async def start_run(self, agent: str, text: str, requested_by: str | None) -> RunRecord:
-        """Start a run of `agent` on `text` and take it as far as it goes without a person."""
+    async def start_run(
+        self, agent: str, text: str, requested_by: str | None, *, started_by: str | None = None
+    ) -> RunRecord:
+        """Start a run of `agent` on `text` and take it as far as it goes without a person;
+        `started_by` who started it for `requested_by`, when another did."""
         chosen = self.agent(agent)
         run = await self.store.create_run(
             agent=agent,
@@ -113,6 +167,7 @@ class BotService:
             worker=self.worker,
             requested_by=requested_by,
             lease=self.lease,
+            started_by=started_by,
         )
         self.counters["runs_started"] += 1
         run = await self._advance(run)
@@ -141,7 +196,8 @@ class BotService:
         deliver what the outbox holds; how many runs were continued."""
         if await self.store.expire_due():
             log.info("reviews timed out")
-        advanced = 0
+        advanced = await self._again()
+        unavailable: StoreError | None = None
         while claimed := await self.store.claim_ready(
             worker=self.worker, lease=self.lease, limit=CLAIM_BATCH
         ):
@@ -151,6 +207,9 @@ class BotService:
                 *(self._advance(run) for run in claimed), return_exceptions=True
             )
             for run, outcome in zip(claimed, outcomes, strict=True):
+                if isinstance(outcome, StoreError):
+                    unavailable = unavailable or outcome
+                    continue  # tried again (`_again`) once the store answers
                 if isinstance(outcome, BaseException):
                     if not isinstance(outcome, Exception):
                         raise outcome  # cancellation, interrupts: not the run's fault
@@ -158,8 +217,10 @@ class BotService:
                     continue
                 advanced += 1
                 self.counters["runs_advanced"] += 1
-            if len(claimed) < CLAIM_BATCH:
+            if unavailable is not None or len(claimed) < CLAIM_BATCH:
                 break  # that was every ready run; runs ready later wake the workers again
+        if unavailable is not None:
+            raise unavailable  # the step failed: the worker backs off and tries again
         await self.dispatcher.step()
         return advanced
 
@@ -169,36 +230,82 @@ class BotService:
 
     async def work(self, stop: asyncio.Event) -> None:
         """Run `step` whenever woken (by a decision here, or one that the database announces
-        from another process), and at least every `poll` seconds, until `stop` is set."""
-        listen = getattr(self.store, "listen", None)
-        unlisten = await listen(self.decided) if listen is not None else None
+        from another process), and at least every `poll` seconds, until `stop` is set.
+
+        Nothing but `stop` ends it: a step that fails (the database unreachable, a channel's
+        bug) is logged and tried again after a backoff, `health` saying so meanwhile, and
+        the database's notices are listened to again whenever their connection is lost.
+        """
+        self.health.running = True
         try:
             await self._work(stop)
         finally:
-            if unlisten is not None:
-                await unlisten()
+            self.health.running = False
+            if self._listening is not None:
+                await self._listening()
+                self._listening = None
+
+    _listening: Listening | None = None
+
+    async def _listen(self) -> None:
+        listen = getattr(self.store, "listen", None)  # the memory store has no notices
+        if self._listening is None and listen is not None:
+            self._listening = await listen(self.decided)
+            self.health.listening = self._listening
 
     async def _work(self, stop: asyncio.Event) -> None:
+        backoff = FIRST_BACKOFF
         while not stop.is_set():
             self._wake.clear()
             try:
+                await self._listen()
                 await self.step()
-            except StoreError:
-                log.exception("the store cannot be used; trying again in %s s", self.poll)
+            except Exception as exc:
+                self.health.failed(exc)
+                if isinstance(exc, StoreError):
+                    log.error("the store cannot be used (%s); trying again in %.1f s", exc, backoff)
+                else:
+                    log.exception("a worker step failed; trying again in %.1f s", backoff)
+                pause, backoff = backoff, min(backoff * 2, MOST_BACKOFF)
+            else:
+                self.health.succeeded()
+                pause, backoff = self.poll, FIRST_BACKOFF
             waiting = [asyncio.ensure_future(self._wake.wait()), asyncio.ensure_future(stop.wait())]
             try:
-                await asyncio.wait(waiting, timeout=self.poll, return_when=asyncio.FIRST_COMPLETED)
+                await asyncio.wait(waiting, timeout=pause, return_when=asyncio.FIRST_COMPLETED)
             finally:
                 for task in waiting:
                     task.cancel()
 
+    async def _again(self) -> int:
+        """Take the steps on that failed for a database reason, with the run as saved."""
+        advanced = 0
+        for run_id in list(self._unanswered):
+            await self.dispatcher.answer(run_id)
+            self._unanswered.discard(run_id)
+        for run_id in list(self._unsaved):
+            run = await self.store.get_run(run_id)
+            self._unsaved.discard(run_id)
+            if run.status != "running" or run.claimed_by != self.worker:
+                continue  # saved after all (its answer was lost), or taken over since
+            await self._advance(run)
+            advanced += 1
+        return advanced
+
     async def _advance(self, run: RunRecord) -> RunRecord:
         try:
             run = await self._advance_once(run)
+        except StoreError:
+            self._unsaved.add(run.run_id)
+            raise
         finally:
             self._changed(run.run_id)
         if run.status == "finished":
-            await self.dispatcher.answer(run.run_id)  # delivered by this step's dispatch
+            try:
+                await self.dispatcher.answer(run.run_id)  # delivered by this step's dispatch
+            except StoreError:
+                self._unanswered.add(run.run_id)
+                raise
         return run
 
     async def _advance_once(self, run: RunRecord) -> RunRecord:

@@ -11,7 +11,8 @@ run_call(call, ctx)
 ```
 
 `run_call` reports every outcome in its `ToolResult` and never raises for them; `run`
-returns the value or raises the matching `NodbotError`.
+returns the value or raises the matching `NodbotError`. A `StoreError` is no outcome of the
+call (the store could not be asked or told): both raise it.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from core.errors import (
     ApprovalPending,
     ConfigurationError,
     NodbotError,
+    StoreError,
     ToolExecutionError,
 )
 from core.ports import NO_PORT_REASON, ApprovalPort, Decided, DeferredApproval, Waiting
@@ -79,6 +81,10 @@ class Executor:
             value, arguments = await self._execute(call, ctx)
         except ApprovalPending as pending:
             return ToolResult("pending", error=_error(pending), arguments=pending.arguments)
+        except StoreError:
+            # Not the call's outcome: the store could not say or record it. The run step
+            # fails as a whole and is tried again; the model never sees the outage.
+            raise
         except NodbotError as error:
             return ToolResult("error", error=_error(error))
         return ToolResult("ok", value=value, arguments=arguments)

@@ -15,7 +15,9 @@ Every step is an atomic store operation, so several bot replicas can share the w
 delivery is made once per (review, kind, target) however many of them announce it, claimed
 by one of them at a time (until its lease runs out), and only the claimant may settle it. A
 delivery whose claimant died is claimed again once the lease has run out: delivery is
-at least once, and receivers tell repeats apart by the delivery id.
+at least once, and receivers tell repeats apart by the delivery id. A delivery of several
+steps records each step's progress as it goes (`delivery_progress`), so that the next attempt
+goes on from the step that failed.
 """
 
 from __future__ import annotations
@@ -80,7 +82,8 @@ class Delivery:
     sent_at: datetime | None = None
     ref: dict[str, Any] | None = None
     """What the channel keeps about what it posted (a Slack message's channel and ts, say),
-    so that it can update it later."""
+    so that it can update it later; while the delivery is due, how far its attempts got
+    (`Outbox.delivery_progress`)."""
     error: str | None = None
     """Why the last attempt failed."""
     claimed_by: str | None = None
@@ -130,7 +133,16 @@ class Outbox(Protocol):
         self, delivery_id: int, *, worker: str, error: str, retry_at: datetime | None
     ) -> Delivery:
         """Record a failed attempt: due again at `retry_at`, or given up (`failed`) when
-        None. Raises `DeliveryLost` as `delivered` does."""
+        None; the ref its progress left is kept. Raises `DeliveryLost` as `delivered` does."""
+        ...
+
+    async def delivery_progress(
+        self, delivery_id: int, *, worker: str, ref: dict[str, Any]
+    ) -> Delivery:
+        """Keep `ref` as the progress of a delivery `worker` holds, without settling it: it
+        stays claimed and due, and the next attempt (after a failure, or by another worker
+        once the lease has run out) starts from that ref instead of from nothing. Raises
+        `DeliveryLost` as `delivered` does."""
         ...
 
     async def deliveries(self, approval_id: str) -> list[Delivery]:

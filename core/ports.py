@@ -18,6 +18,7 @@ from typing import Protocol, TypeAlias, runtime_checkable
 
 from core.decisions import Decision, as_decision
 from core.errors import ApprovalMismatchError
+from core.retrying import until_written
 from core.store import CONCURRENT_USE_REASON, ApprovalRecord, ApprovalRequest, ApprovalStore
 
 __all__ = [
@@ -126,9 +127,14 @@ class DeferredApproval:
     - Finished: history; the same call asked again opens a new review.
     """
 
-    def __init__(self, store: ApprovalStore, *, actor: str | None = None) -> None:
+    def __init__(
+        self, store: ApprovalStore, *, actor: str | None = None, settle_within: float = 60.0
+    ) -> None:
         self.store = store
         self.actor = actor
+        self.settle_within = settle_within
+        """How long `settle` tries again while the store is unavailable: the tool has run,
+        and its decision must be recorded as spent."""
 
     async def request(self, request: ApprovalRequest) -> PortAnswer:
         claim = await self.store.claim(request, actor=self.actor)
@@ -144,7 +150,12 @@ class DeferredApproval:
 
     async def settle(self, answer: Decided, *, outcome: str) -> None:
         if answer.approval_id is not None and answer.decision.approved:
-            await self.store.finish(answer.approval_id, outcome=outcome)
+            approval_id = answer.approval_id
+            await until_written(
+                lambda: self.store.finish(approval_id, outcome=outcome),
+                what=f"recording that the call of approval {approval_id} ended",
+                within=self.settle_within,
+            )
 
 
 def _mismatch(record: ApprovalRecord, request: ApprovalRequest) -> ApprovalMismatchError:

@@ -27,9 +27,10 @@ from datetime import datetime, timedelta
 from typing import Literal, Protocol, TypeAlias, runtime_checkable
 
 from core.calls import new_id
-from core.errors import RunConflict, RunNotFound
+from core.errors import RunConflict, RunNotFound, StoreError
 from core.executor import Executor
 from core.loop import Agent, Message, run_tool_loop
+from core.retrying import until_written
 from core.store import MemoryApprovalStore, utc_now
 
 __all__ = [
@@ -68,6 +69,9 @@ class RunRecord:
     claimed_by: str | None = None
     """The worker that holds the run, while `status` is running."""
     lease_until: datetime | None = None
+    started_by: str | None = None
+    """Who started the run for `requested_by`, when someone else did (a token with
+    `runs:write-as`): they may not approve its calls either."""
 
 
 _Runs: TypeAlias = list[RunRecord]
@@ -86,8 +90,10 @@ class RunStore(Protocol):
         requested_by: str | None = None,
         run_id: str | None = None,
         lease: float = DEFAULT_LEASE,
+        started_by: str | None = None,
     ) -> RunRecord:
-        """A new run, running and claimed by `worker` (who starts it)."""
+        """A new run, running and claimed by `worker` (who starts it), requested by
+        `requested_by`, and `started_by` another (a front end starting runs for its users)."""
         ...
 
     async def get_run(self, run_id: str) -> RunRecord:
@@ -142,6 +148,7 @@ class MemoryRunStore:
         requested_by: str | None = None,
         run_id: str | None = None,
         lease: float = DEFAULT_LEASE,
+        started_by: str | None = None,
     ) -> RunRecord:
         now = self._clock()
         run = RunRecord(
@@ -155,6 +162,7 @@ class MemoryRunStore:
             requested_by=requested_by,
             claimed_by=worker,
             lease_until=now + timedelta(seconds=lease),
+            started_by=started_by,
         )
         with self._lock:
             if run.run_id in self._runs:
@@ -283,15 +291,27 @@ async def advance_run(
     ctx = executor.context(run.run_id, requested_by=run.requested_by)
     try:
         result = await run_tool_loop(agent.chat, run.messages, ctx, max_turns=max_turns)
+    except StoreError:
+        # The store failed, not the run: the step is tried again from the run as saved (a
+        # call that ran has its approval settled, so it is not run again).
+        raise
     except Exception as exc:
         # The conversation as last saved is kept: a failed run can be looked at, or retried.
         failure = f"{type(exc).__name__}: {exc}"
         return await runs.save_run(run, status="failed", messages=run.messages, error=failure)
     cut_off = f"stopped after {max_turns} model turns" if result.finish == "max_turns" else None
-    return await runs.save_run(
-        run,
-        status=_OUTCOMES[result.finish],
-        messages=result.messages,
-        final_text=result.final_text,
-        error=cut_off,
+    # The calls this step ran are spent: their results live only in `result` until saved, so
+    # the save is tried again while this worker's claim holds (nobody else may save before
+    # it runs out; after, the version check refuses a late save with `RunConflict`).
+    held = (run.lease_until - utc_now()).total_seconds() if run.lease_until else 0.0
+    return await until_written(
+        lambda: runs.save_run(
+            run,
+            status=_OUTCOMES[result.finish],
+            messages=result.messages,
+            final_text=result.final_text,
+            error=cut_off,
+        ),
+        what=f"saving run {run.run_id}",
+        within=max(held, lease / 2),
     )

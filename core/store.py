@@ -55,6 +55,8 @@ __all__ = [
     "EventKind",
     "Evidence",
     "MemoryApprovalStore",
+    "MemorySessionRevocations",
+    "SessionRevocations",
     "action_of",
     "check_vote",
     "decided_person",
@@ -397,6 +399,8 @@ class MemoryApprovalStore:
         self._newest: dict[tuple[str, str], str] = {}
         self._events: _Events = []
         self._votes: dict[str, list[tuple[str, Decision]]] = {}  # (voter, vote)
+        self.sessions = MemorySessionRevocations(clock=clock)
+        """The web inbox's ended sessions (`SessionRevocations`), in this process only."""
 
     async def create(self, request: ApprovalRequest) -> ApprovalRecord:
         with self._lock:
@@ -675,3 +679,74 @@ class MemoryApprovalStore:
             person=person,
         )
         self._events.append(event)
+
+
+@runtime_checkable
+class SessionRevocations(Protocol):
+    """The web inbox's sessions ended before their expiry (a sign-out, or every session of a
+    person), held where every process of the bot looks (a store's `sessions`), so that a
+    restart or another replica does not take an ended session for a live one. Each is kept
+    until `until`, when the sessions it ends have expired anyway, then pruned."""
+
+    async def revoke_session(
+        self, session_id: str, *, until: datetime, at: datetime | None = None
+    ) -> None:
+        """End the session `session_id` (at `at`, by default now), which expires at `until`.
+        Raises `StoreError`."""
+        ...
+
+    async def revoke_principal(
+        self, principal: str, *, until: datetime, at: datetime | None = None
+    ) -> None:
+        """End every session of `principal` (in any case) issued at or before `at`, by
+        default now; `until` is when the last of them expires. Raises `StoreError`."""
+        ...
+
+    async def session_revoked(
+        self, session_id: str, principal: str, issued_at: datetime | None
+    ) -> bool:
+        """Whether the session was ended: itself, or by a revocation of its principal at or
+        after `issued_at` (None, for a session that does not say: by any). Raises
+        `StoreError` when it cannot be told, which must not count as live."""
+        ...
+
+
+class MemorySessionRevocations:
+    """`SessionRevocations` in this process's memory (`MemoryApprovalStore.sessions`)."""
+
+    def __init__(self, *, clock: Clock = utc_now) -> None:
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._sessions: dict[str, datetime] = {}  # session id -> until
+        self._principals: list[tuple[str, datetime, datetime]] = []  # who, before, until
+
+    async def revoke_session(
+        self, session_id: str, *, until: datetime, at: datetime | None = None
+    ) -> None:
+        with self._lock:
+            self._prune(at or self._clock())
+            self._sessions[session_id] = max(until, self._sessions.get(session_id, until))
+
+    async def revoke_principal(
+        self, principal: str, *, until: datetime, at: datetime | None = None
+    ) -> None:
+        now = at or self._clock()
+        with self._lock:
+            self._prune(now)
+            self._principals.append((principal.lower(), now, until))
+
+    async def session_revoked(
+        self, session_id: str, principal: str, issued_at: datetime | None
+    ) -> bool:
+        who = principal.lower()
+        with self._lock:
+            if session_id in self._sessions:
+                return True
+            return any(
+                name == who and (issued_at is None or before >= issued_at)
+                for name, before, _ in self._principals
+            )
+
+    def _prune(self, now: datetime) -> None:
+        self._sessions = {sid: until for sid, until in self._sessions.items() if until > now}
+        self._principals = [entry for entry in self._principals if entry[2] > now]

@@ -2,7 +2,8 @@
 
 | route                          | scope            | answers                               |
 |--------------------------------|------------------|---------------------------------------|
-| `GET /healthz`                 | none             | `{"status": "ok"}`, or 503            |
+| `GET /healthz`                 | none             | `{"status": "ok"}`, or 503 and why    |
+| `GET /readyz`                  | none             | the same, once the workers have run   |
 | `GET /approvals`               | approvals:read   | the approvals, filtered               |
 | `GET /approvals/{id}`          | approvals:read   | one approval with its events          |
 | `POST /approvals/{id}/decide`  | approvals:decide | the approval, decided                 |
@@ -18,6 +19,7 @@ signature on the raw body before Bolt parses it.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any, TypeAlias, TypeVar
@@ -50,7 +52,7 @@ from bot.http.schemas import (
 )
 from bot.people import People
 from bot.policy import SELF_APPROVAL_REASON
-from bot.service import BotService
+from bot.service import BotService, WorkerHealth
 from core import (
     ApprovalAlreadyDecided,
     ApprovalAlreadyVoted,
@@ -74,6 +76,9 @@ if TYPE_CHECKING:
 __all__ = ["SELF_APPROVAL_REASON", "AuthorizeDecision", "create_app", "refuse_self_approval"]
 
 log = logging.getLogger(__name__)
+
+HEALTH_TIMEOUT = 5.0
+"""Seconds the health check waits for the store: a database that hangs is not healthy."""
 
 AuthorizeDecision: TypeAlias = Callable[[str, ApprovalRecord, Decision], Awaitable[Verdict]]
 """`(handle, record, decision) -> Verdict`: the person the handle stands for, and the reason
@@ -121,8 +126,10 @@ def create_app(
     table = TokenTable(tokens)
     on_decided = service.decided if service is not None else None
     api = _ApprovalsApi(store, registry, table, authorize_decision, on_decided)
+    api.workers = service.health if service is not None else None
     routes = [
         Route("/healthz", api.health, methods=["GET"]),
+        Route("/readyz", api.health, methods=["GET"]),
         Route("/approvals", api.list, methods=["GET"]),
         Route("/approvals/{approval_id}", api.get, methods=["GET"]),
         Route("/approvals/{approval_id}/decide", api.decide, methods=["POST"]),
@@ -186,14 +193,29 @@ class _ApprovalsApi:
         self.authorize = authorize_decision or refuse_self_approval
         self.on_decided = on_decided
         self.counters: dict[str, int] = {"decisions": 0}
+        self.workers: WorkerHealth | None = None
 
     async def health(self, request: Request) -> Response:
+        """Whether this process can do its work: the store answers (within
+        `HEALTH_TIMEOUT`), and the workers run, their steps succeed and the database's
+        notices arrive. `/readyz` asks the same, and that the workers have done a step."""
+        problems = []
         try:
-            await self.store.list(limit=1)
+            async with asyncio.timeout(HEALTH_TIMEOUT):
+                await self.store.list(limit=1)
         except StoreError as exc:
             log.warning("health check: the store cannot be used: %s", exc)
-            error = f"the approval store cannot be used ({exc.kind})"
-            return json_response(HealthView(status="unavailable", error=error), status=503)
+            problems.append(f"the approval store cannot be used ({exc.kind})")
+        except TimeoutError:
+            log.warning("health check: the store did not answer in %s s", HEALTH_TIMEOUT)
+            problems.append(f"the approval store did not answer within {HEALTH_TIMEOUT:g} s")
+        if self.workers is not None:
+            problems += self.workers.problems()
+            if request.url.path == "/readyz" and not self.workers.stepped:
+                problems.append("the workers have not finished a step yet")
+        if problems:
+            view = HealthView(status="unavailable", error=problems[0], problems=problems)
+            return json_response(view, status=503)
         return json_response(HealthView(status="ok"))
 
     async def list(self, request: Request) -> Response:

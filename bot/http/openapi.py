@@ -41,6 +41,11 @@ def _answers(ok: str, model: type[BaseModel], *errors: str, many: bool = False) 
     return answers
 
 
+def _health_answers() -> dict[str, Any]:
+    ok = {"description": "healthy", **_json(_ref(HealthView))}
+    return {"200": ok, "503": {"description": "unhealthy, and why", **_json(_ref(HealthView))}}
+
+
 def _operation(
     summary: str, scope: str | None, answers: dict[str, Any], **extra: Any
 ) -> dict[str, Any]:
@@ -65,7 +70,16 @@ def _approval_paths() -> dict[str, Any]:
     return {
         "/healthz": {
             "get": _operation(
-                "Whether the bot can use its store", None, _answers("200", HealthView)
+                "Whether the bot can use its store and its workers are well",
+                None,
+                _health_answers(),
+            )
+        },
+        "/readyz": {
+            "get": _operation(
+                "The same, and the workers have done a step: whether to send traffic here",
+                None,
+                _health_answers(),
             )
         },
         "/approvals": {

@@ -7,7 +7,9 @@
 
 The run's requester is the token's name. A body naming another `requested_by` needs the
 scope `runs:write-as` too (403 naming it otherwise, and nothing is started); a token with
-that scope may deny calls but not approve or edit them (see `bot.http.approvals`).
+that scope may deny calls but not approve or edit them (see `bot.http.approvals`), and the
+run keeps it as `started_by`: on every channel, the person it stands for may not approve the
+run's calls either (`bot.authorize`).
 
 `GET /runs/{id}?wait=<seconds>` (at most 60) answers as soon as the run has settled (finished,
 failed, or waiting for a review nobody has decided yet) or when the seconds have passed,
@@ -81,6 +83,8 @@ class RunView(BaseModel):
     agent: str
     status: RunStatus
     requested_by: str | None
+    started_by: str | None = None
+    """The token that started the run for `requested_by`, when another did."""
     final_text: str | None
     """The agent's answer, once the run has finished."""
     error: str | None
@@ -98,13 +102,13 @@ def run_routes(service: BotService, tokens: TokenTable) -> list[Route]:
     async def start(request: Request) -> Response:
         token = tokens.require_token(request, "runs:write")
         body = parse(RunBody, await json_body(request), "invalid run")
-        requester = token.name
+        requester, starter = token.name, None
         if body.requested_by is not None and not await People().same(body.requested_by, token.name):
             if "runs:write-as" not in token.scopes:
                 raise missing_scope("runs:write-as", " needed to start a run for someone else")
-            requester = body.requested_by
+            requester, starter = body.requested_by, token.name
         try:
-            run = await service.start_run(body.agent, body.input, requester)
+            run = await service.start_run(body.agent, body.input, requester, started_by=starter)
         except UnknownAgentError as exc:
             raise ApiError(422, str(exc), details={"agent": exc.agent}) from None
         return json_response(await _view(service, run), status=201)
@@ -149,6 +153,7 @@ async def _view(service: BotService, run: RunRecord) -> RunView:
         agent=run.agent,
         status=run.status,
         requested_by=run.requested_by,
+        started_by=run.started_by,
         final_text=run.final_text,
         error=run.error,
         created_at=run.created_at,

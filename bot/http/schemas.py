@@ -16,6 +16,7 @@ from pydantic import (
     field_validator,
 )
 
+from bot.forms import MAX_ARGUMENT_TEXT, MAX_REASON, text_too_long
 from core import (
     ApprovalEvent,
     ApprovalRecord,
@@ -40,12 +41,6 @@ __all__ = [
 ]
 
 
-MAX_REASON = 2_000
-"""The most characters a decision's reason may have."""
-MAX_ARGUMENT_TEXT = 10_000
-"""The most characters of a string anywhere in an edit's arguments."""
-
-
 class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
 
@@ -63,9 +58,12 @@ class HealthView(_Model):
     """`GET /healthz`."""
 
     status: Literal["ok", "unavailable"]
-    """`ok` when the store answered."""
+    """`ok` when the store answered and the workers are well."""
     error: str | None = None
-    """Why the store could not be used, when it could not."""
+    """The first of `problems`, when there are any."""
+    problems: list[str] = Field(default_factory=list)
+    """Everything that is wrong: the store unreachable, the workers down or failing, the
+    database's notices not arriving."""
 
 
 class ListQuery(_Model):
@@ -206,18 +204,9 @@ class ApprovalDetail(ApprovalView):
 
 
 def _check_texts(value: Any, path: str) -> None:
-    """Raises `ValueError` naming the first string longer than `MAX_ARGUMENT_TEXT`."""
-    if isinstance(value, str):
-        if len(value) > MAX_ARGUMENT_TEXT:
-            raise ValueError(
-                f"{path} has {len(value)} characters; at most {MAX_ARGUMENT_TEXT} are allowed"
-            )
-    elif isinstance(value, dict):
-        for key, item in value.items():
-            _check_texts(item, f"{path}.{key}")
-    elif isinstance(value, list):
-        for index, item in enumerate(value):
-            _check_texts(item, f"{path}.{index}")
+    problem = text_too_long(value, path)
+    if problem is not None:
+        raise ValueError(problem)
 
 
 def field_errors(error: ValidationError) -> list[dict[str, str]]:

@@ -12,7 +12,20 @@ message is posted once: a user group's delivery turns into one delivery per memb
 then. Once the review is decided, from whichever channel, one delivery (`slack:messages`)
 updates every message posted for it with `chat.update`: buttons gone, the outcome, who
 decided and when, the edited arguments. `chat.update` can be repeated safely, so a retry
-after a partial failure updates again rather than posting twice.
+after a partial failure updates again rather than posting twice. When the run finishes, one
+delivery (`answer`) replies with its answer in the thread of each message.
+
+Each message is posted once, however often its delivery is tried (`bot/slack/once.py`): a
+delivery's steps (the message, the full arguments in its thread; one answer reply per
+thread) are kept in its `ref` as each is done, so a retry goes on from the step that failed;
+every post carries Slack message metadata (`event_type` `nodbot_review`, with the review, the
+delivery and the part), and an attempt after one that may have posted without recording it
+(a failure, or a worker that died while Slack answered: a marker in the ref says an attempt
+began) first reads the conversation (`conversations.history`, `conversations.replies`) and
+adopts the message it finds. If Slack will not show the conversation (a missing
+`*:history` scope), a warning names the scope and the post is made: a duplicate is better
+than a lost review. Every message a delivery recorded, also one whose delivery was given up
+after it posted, is updated once the review is decided.
 """
 
 from __future__ import annotations
@@ -42,6 +55,7 @@ from bot.slack.messages import (
     full_arguments,
     request_message,
 )
+from bot.slack.once import Part, Progress, Unreadable, find_in_history, find_in_thread, tag
 from core import ApprovalRecord, Delivery, NewDelivery, ToolRegistry
 
 __all__ = ["MESSAGES_TARGET", "SlackChannel", "messages_of", "places", "slack_client"]
@@ -160,7 +174,7 @@ class SlackChannel:
             if delivery.kind == "outcome":
                 return await self._update_all(record)
             if delivery.kind == "answer":
-                return await self._answer(record)
+                return await self._answer(delivery, record)
             if delivery.kind == "escalation" and record.decision is not None:
                 return {"skipped": "decided before the escalation"}
             return await self._post(delivery, record)
@@ -170,6 +184,8 @@ class SlackChannel:
             raise DeliveryError(f"Slack could not be reached: {type(exc).__name__}") from exc
 
     async def _post(self, delivery: Delivery, record: ApprovalRecord) -> dict[str, Any]:
+        """The review's message, then its full arguments in the thread when they were cut:
+        each step once (see the module's docstring)."""
         kind, _, who = delivery.address.partition(":")
         if kind == "channel":
             channel = who
@@ -188,24 +204,72 @@ class SlackChannel:
                 channel = await self.directory.user_by_email(reviewer.value)
             else:
                 channel = reviewer.value
+        progress = Progress(self.store, delivery)
         rendered = self.render(record)
-        posted = await self.client.chat_postMessage(
-            channel=channel,
-            text=rendered.text,
-            blocks=rendered.blocks,
-            unfurl_links=False,
-            unfurl_media=False,
-        )
-        message = {"channel": posted["channel"], "ts": posted["ts"]}
-        if rendered.cut:
-            await self.client.chat_postMessage(
-                channel=message["channel"],
-                thread_ts=message["ts"],
-                text=full_arguments(record),
+        known = messages_of(progress.ref)
+        message = known[0] if known else None
+        if message is None and progress.earlier:
+            message = await self._earlier(progress, record, channel)
+        # Posted by an earlier attempt: its thread reply may be there too.
+        earlier = message is not None
+        if message is None:
+            await progress.begin()
+            posted = await self.client.chat_postMessage(
+                channel=channel,
+                text=rendered.text,
+                blocks=rendered.blocks,
                 unfurl_links=False,
                 unfurl_media=False,
+                metadata=tag(record, delivery, "request"),
             )
-        return {"messages": [message]}
+            message = {"channel": posted["channel"], "ts": posted["ts"]}
+        if rendered.cut and "arguments" not in progress.ref:
+            if not known:  # what follows may fail: the message is kept before
+                await progress.save(messages=[message], begun=None)
+            reply = await self._thread_earlier(progress, record, message) if earlier else None
+            if reply is None:
+                thread = await self.client.chat_postMessage(
+                    channel=message["channel"],
+                    thread_ts=message["ts"],
+                    text=full_arguments(record),
+                    unfurl_links=False,
+                    unfurl_media=False,
+                    metadata=tag(record, delivery, "arguments"),
+                )
+                reply = {"channel": thread["channel"], "ts": thread["ts"]}
+            progress.ref["arguments"] = reply
+        progress.ref.pop("begun", None)
+        return {**progress.ref, "messages": [message]}
+
+    async def _earlier(
+        self, progress: Progress, record: ApprovalRecord, channel: str
+    ) -> dict[str, str] | None:
+        """The review's message an earlier attempt posted to `channel` without recording it
+        (found by its metadata), or None: also when the history cannot be read."""
+        try:
+            conversation = channel
+            if channel[:1] in ("U", "W"):  # a post to a user goes to the bot's DM with them
+                opened = await self.client.conversations_open(users=channel)
+                conversation = str(opened["channel"]["id"])
+            found = await find_in_history(
+                self.client, conversation, record, progress.delivery, "request"
+            )
+        except Unreadable as exc:
+            _unchecked(exc, record)
+            return None
+        if found is not None:
+            log.info("review %s was posted as %s already: kept", record.approval_id, found["ts"])
+        return found
+
+    async def _thread_earlier(
+        self, progress: Progress, record: ApprovalRecord, message: dict[str, str]
+    ) -> dict[str, str] | None:
+        try:
+            part: Part = "answer" if progress.delivery.kind == "answer" else "arguments"
+            return await find_in_thread(self.client, message, record, progress.delivery, part)
+        except Unreadable as exc:
+            _unchecked(exc, record)
+            return None
 
     async def posts(self, approval_id: str) -> list[Delivery]:
         """The review's request deliveries of this channel (`messages_of` their refs)."""
@@ -239,8 +303,9 @@ class SlackChannel:
             )
         return {"updated": len(messages)}
 
-    async def _answer(self, record: ApprovalRecord) -> dict[str, Any]:
-        """The run's final answer, in the thread of each message of the review."""
+    async def _answer(self, delivery: Delivery, record: ApprovalRecord) -> dict[str, Any]:
+        """The run's final answer, in the thread of each message of the review: one reply
+        per thread, each kept in the delivery's progress as it is posted."""
         get_run = getattr(self.store, "get_run", None)
         run = await get_run(record.request.run_id) if get_run is not None else None
         if run is None or run.final_text is None:
@@ -248,15 +313,28 @@ class SlackChannel:
         text = answer_text(run.final_text)
         posts = await self.posts(record.approval_id)
         messages = [message for d in posts for message in messages_of(d.ref)]
+        progress = Progress(self.store, delivery)
+        replies = _replies(progress.ref)
         for message in messages:
-            await self.client.chat_postMessage(
-                channel=message["channel"],
-                thread_ts=message["ts"],
-                text=text,
-                unfurl_links=False,
-                unfurl_media=False,
-            )
-        return {"replies": len(messages)}
+            if (message["channel"], message["ts"]) in replies:
+                continue
+            reply = None
+            if progress.earlier:
+                reply = await self._thread_earlier(progress, record, message)
+            if reply is None:
+                await progress.begin()
+                posted = await self.client.chat_postMessage(
+                    channel=message["channel"],
+                    thread_ts=message["ts"],
+                    text=text,
+                    unfurl_links=False,
+                    unfurl_media=False,
+                    metadata=tag(record, delivery, "answer"),
+                )
+                reply = {"channel": posted["channel"], "ts": posted["ts"]}
+            replies[(message["channel"], message["ts"])] = reply["ts"]
+            await progress.save(replies=_replies_ref(replies), begun=None)
+        return {"replies": _replies_ref(replies)}
 
     def render(self, record: ApprovalRecord) -> Rendered:
         """The message of the review as it stands: the request, or the decided message."""
@@ -283,6 +361,35 @@ def messages_of(ref: Mapping[str, Any] | None) -> list[dict[str, str]]:
         return []
     found = ref.get("messages")
     return [m for m in found if isinstance(m, dict)] if isinstance(found, list) else []
+
+
+def _replies(ref: Mapping[str, Any]) -> dict[tuple[str, str], str]:
+    """The answers an answer delivery's ref says it posted: (channel, thread ts) -> ts."""
+    found = ref.get("replies")
+    return {
+        (str(r["channel"]), str(r["thread_ts"])): str(r["ts"])
+        for r in (found if isinstance(found, list) else [])
+        if isinstance(r, dict) and {"channel", "thread_ts", "ts"} <= r.keys()
+    }
+
+
+def _replies_ref(replies: Mapping[tuple[str, str], str]) -> list[dict[str, str]]:
+    return [
+        {"channel": channel, "thread_ts": thread, "ts": ts}
+        for (channel, thread), ts in replies.items()
+    ]
+
+
+def _unchecked(exc: Unreadable, record: ApprovalRecord) -> None:
+    scope = f"; the app needs the scope {exc.needed}" if exc.needed else ""
+    log.warning(
+        "could not read %s to check for an earlier post of review %s (%s%s): posting "
+        "without checking, a duplicate is possible",
+        exc.channel,
+        record.approval_id,
+        exc.error,
+        scope,
+    )
 
 
 def _delivery_error(exc: SlackApiError) -> DeliveryError:

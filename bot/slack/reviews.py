@@ -33,7 +33,7 @@ from slack_sdk.errors import SlackApiError
 
 from bot.authorize import Authorizer, Verdict
 from bot.config import SlackConfig
-from bot.forms import FIELD_PREFIX, EditField, edit_fields, parse_edit
+from bot.forms import FIELD_PREFIX, EditField, edit_fields, parse_edit, reason_too_long
 from bot.people import IdentityUnavailable, People
 from bot.slack.channel import SlackChannel, messages_of
 from bot.slack.messages import (
@@ -213,10 +213,14 @@ class SlackReviews:
     async def _deny_submitted(
         self, ack: AsyncAck, body: dict[str, Any], view: dict[str, Any]
     ) -> None:
-        await ack()
-        click = _Click.of_view(body, view)
         state = view.get("state", {}).get("values", {})
         reason = (state.get("reason", {}).get("value", {}) or {}).get("value") or None
+        too_long = reason_too_long(reason)
+        if too_long is not None:  # the modal stays open, saying so under the reason
+            await ack(response_action="errors", errors={"reason": clip(too_long, 150)})
+            return
+        await ack()
+        click = _Click.of_view(body, view)
         record = await self._record(click, wait=False)
         if record is None:
             return

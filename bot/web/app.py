@@ -7,7 +7,7 @@
 |                                        | then the recently decided ones                     |
 | `GET /inbox/approvals/{id}`            | one approval, its events and the decision forms    |
 | `POST /inbox/approvals/{id}/decide`    | approve, edit or deny (form-encoded)               |
-| `POST /inbox/logout`                   | ends the session                                   |
+| `POST /inbox/logout`                   | ends the session, in the store                     |
 
 An approval is shown (and decided) only to those who may see it (`WebInbox._may_see`): its
 reviewers as the rule has them, its requester, and whoever voted on it or decided it; to
@@ -17,6 +17,11 @@ A decision goes the way of the API's: the rule's policy allows it, person by per
 then `Executor.decide` validates an edit with the tool's model and records it, with
 `decided_by` the signed-in reviewer and channel `web`. Every page escapes what it shows:
 arguments come from a model and are not trusted.
+
+A session is a signed cookie (`bot.web.signing`), checked on every request against the
+store's revocations (`SessionRevocations`: sign-outs, and `nodbot sessions revoke`), so
+that a session ended on one replica, or before a restart, is ended on all. A check that
+cannot be made trusts nobody: the page is a 503 asking to try again.
 """
 
 from __future__ import annotations
@@ -40,7 +45,15 @@ from starlette.routing import Route
 
 from bot.authorize import Authorizer
 from bot.config import WebConfig
-from bot.forms import EditField, edit_fields, is_long, parse_edit, shown
+from bot.forms import (
+    MAX_REASON,
+    EditField,
+    edit_fields,
+    is_long,
+    parse_edit,
+    reason_too_long,
+    shown,
+)
 from bot.http import AuthorizeDecision
 from bot.http.approvals import refuse_self_approval
 from bot.people import IdentityUnavailable, People
@@ -65,6 +78,7 @@ from core import (
     ToolRegistry,
     UnknownToolError,
 )
+from core.store import SessionRevocations
 
 __all__ = ["CHANNEL", "COOKIE", "TEMPLATES", "WebInbox"]
 
@@ -152,7 +166,8 @@ class WebInbox:
         self.secure = (web.public_url or "").startswith("https://")
         self.counters: dict[str, int] = {"decisions": 0}
         self._clock = clock
-        self._signed_out: dict[str, int] = {}  # session id -> its expiry, in this process
+        self.sessions = _revocations_of(store)
+        """Where ended sessions are kept: the store's, seen by every replica."""
         self._schemas: dict[str, dict[str, Any]] = {}  # tool -> its arguments' JSON schema
         self.templates = Environment(
             loader=FileSystemLoader(TEMPLATES),
@@ -162,6 +177,7 @@ class WebInbox:
             lstrip_blocks=True,
         )
         self.templates.filters["when"] = _when
+        self.templates.globals["max_reason"] = MAX_REASON
         self.templates.filters["shown"] = shown
         self.templates.filters["compact"] = _compact
 
@@ -213,12 +229,22 @@ class WebInbox:
         return response
 
     async def logout(self, request: Request) -> Response:
-        session = self._session(request)
+        session = await self._session(request)
         form = await _form(request)
         self._check_csrf(session, form)
-        now = int(self._clock())
-        self._signed_out = {sid: exp for sid, exp in self._signed_out.items() if exp > now}
-        self._signed_out[session.session_id] = session.expires
+        try:
+            await self.sessions.revoke_session(
+                session.session_id, until=_moment(session.expires), at=_moment(self._clock())
+            )
+        except StoreError as exc:
+            # The cookie stays: the sign-out can be tried again, and is not said to be done.
+            log.warning("a sign-out could not be recorded: %s", exc)
+            raise PageError(
+                503,
+                "Not signed out",
+                "The inbox cannot record the sign-out now: the approval store cannot be "
+                "used. Try again shortly.",
+            ) from None
         response = self._render(
             "message.html",
             200,
@@ -230,7 +256,7 @@ class WebInbox:
         return response
 
     async def inbox(self, request: Request) -> Response:
-        session = self._session(request)
+        session = await self._session(request)
         who = session.principal
         pending = []
         for record in await self.store.list(status="pending"):
@@ -257,12 +283,12 @@ class WebInbox:
         )
 
     async def approval(self, request: Request) -> Response:
-        session = self._session(request)
+        session = await self._session(request)
         record = await self._visible(session.principal, request.path_params["approval_id"])
         return await self._approval_page(session, record)
 
     async def decide(self, request: Request) -> Response:
-        session = self._session(request)
+        session = await self._session(request)
         form = await _form(request)
         self._check_csrf(session, form)
         who = session.principal
@@ -281,6 +307,17 @@ class WebInbox:
             if actions["edit"] is not None:
                 await self._refuse(record, who, None, actions["edit"], evidence)
         reason = form.get("reason", "").strip() or None
+        too_long = reason_too_long(reason)
+        if too_long is not None:
+            fields = parse_edit(self._fields(record), form, record.request.arguments).fields
+            return await self._approval_page(
+                session,
+                record,
+                status=422,
+                fields=fields if action == "edit" else None,
+                reason=reason,
+                problem=f"{too_long[0].upper()}{too_long[1:]}: nothing was recorded.",
+            )
         decision = Decision(approved=action != "deny", reason=reason, decided_by=who)
         if action == "edit":
             if record.decision is not None:  # nothing to show beside the fields any more
@@ -501,7 +538,10 @@ class WebInbox:
                 return True
         return False
 
-    def _session(self, request: Request) -> Session:
+    async def _session(self, request: Request) -> Session:
+        """The request's session, once it is signed, unexpired and not ended in the store
+        (one query). Raises `PageError`: 401 to sign in again, 503 when the store cannot
+        tell (a session not checked is not trusted)."""
         cookie = request.cookies.get(COOKIE)
         if not cookie:
             raise PageError(401, "Please sign in", f"This page is for reviewers. {HOW_TO_SIGN_IN}")
@@ -510,8 +550,22 @@ class WebInbox:
         except TokenError as exc:
             what = "Your session has ended." if exc.reason == "expired" else "You are signed out."
             raise PageError(401, "Please sign in", f"{what} {HOW_TO_SIGN_IN}") from None
-        if session.session_id in self._signed_out:
-            raise PageError(401, "Please sign in", f"You signed out. {HOW_TO_SIGN_IN}")
+        issued = None if session.issued_at is None else _moment(session.issued_at)
+        try:
+            ended = await self.sessions.session_revoked(
+                session.session_id, session.principal, issued
+            )
+        except StoreError as exc:
+            log.warning("sessions cannot be checked, so none is trusted: %s", exc)
+            raise PageError(
+                503,
+                "Inbox unavailable",
+                "The inbox cannot check your session now (the approval store cannot be "
+                "used), so it shows nothing and records nothing. Try again shortly.",
+            ) from None
+        if ended:
+            raise PageError(401, "Please sign in", f"This session was ended. {HOW_TO_SIGN_IN}")
+        request.state.session = session  # for its error pages, without a second check
         return session
 
     def _check_csrf(self, session: Session, form: Mapping[str, str]) -> None:
@@ -571,12 +625,10 @@ class WebInbox:
         return page
 
     def _error(self, request: Request, exc: PageError) -> Response:
-        session: Session | None = None
-        if exc.status != 401:
-            try:
-                session = self._session(request)
-            except PageError:
-                session = None
+        # Only a session checked in this request is shown as signed in.
+        session: Session | None = getattr(request.state, "session", None)
+        if exc.status == 401:
+            session = None
         response = self._render(
             "message.html",
             exc.status,
@@ -638,6 +690,23 @@ async def _form(request: Request) -> dict[str, str]:
     for name, value in pairs:
         form.setdefault(name, value)
     return form
+
+
+def _revocations_of(store: ApprovalStore) -> SessionRevocations:
+    """The store's `sessions`. Raises `TypeError` for a store without them: an inbox that
+    could not end a session is not served."""
+    sessions = getattr(store, "sessions", None)
+    if not isinstance(sessions, SessionRevocations):
+        raise TypeError(
+            "the web inbox needs a store that keeps ended sessions (a `sessions` attribute, "
+            f"see core.store.SessionRevocations); {type(store).__name__} has none"
+        )
+    return sessions
+
+
+def _moment(seconds: float) -> datetime:
+    """Unix seconds as a UTC datetime."""
+    return datetime.fromtimestamp(seconds, UTC)
 
 
 def _when(moment: datetime | None) -> str:

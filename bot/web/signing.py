@@ -2,9 +2,11 @@
 
 A token is `<payload>.<signature>`: the payload is base64url JSON (`{"p": principal,
 "exp": unix seconds, ...}`) and the signature HMAC-SHA256 over the token's purpose and the
-payload, so a link cannot be used as a session cookie or the other way round. Nothing is
-kept on the server: whoever holds the secret can check a token, which is why several bot
-replicas that share `web.secret` accept each other's links and sessions.
+payload, so a link cannot be used as a session cookie or the other way round. A session
+also carries its id (`sid`) and when it was made (`iat`). Whoever holds the secret can check
+a token, which is why several bot replicas that share `web.secret` accept each other's links
+and sessions; what ends a session before its expiry (a sign-out, `nodbot sessions revoke`) is
+kept in the store instead, where every replica looks for it (`bot.web.app`).
 """
 
 from __future__ import annotations
@@ -61,11 +63,16 @@ class TokenError(Exception):
 
 @dataclass(frozen=True)
 class Session:
-    """A signed-in reviewer: who, which session (the CSRF tokens derive from it), until when."""
+    """A signed-in reviewer: who, which session (the CSRF tokens derive from it), until when,
+    and since when."""
 
     principal: str
     session_id: str
     expires: int
+    issued_at: float | None = None
+    """When it was made (unix seconds), so that revoking every session of a principal made
+    until now leaves the later ones; None in cookies made before sessions carried it, which
+    every such revocation ends."""
 
 
 def _b64(data: bytes) -> str:
@@ -126,17 +133,22 @@ class Signer:
     def new_session(self, principal: str, ttl: int) -> tuple[Session, str]:
         """A new session for `principal` and its cookie value."""
         session_id = secrets.token_urlsafe(16)
-        cookie = self.sign("session", {"p": principal, "sid": session_id}, ttl)
-        claims = self.verify("session", cookie)
-        return Session(principal, session_id, claims["exp"]), cookie
+        # Microseconds: a session made just after a revocation of its principal is not
+        # taken for one made before it.
+        issued = round(self._clock(), 6)
+        cookie = self.sign("session", {"p": principal, "sid": session_id, "iat": issued}, ttl)
+        return self.session(cookie), cookie
 
     def session(self, cookie: str) -> Session:
         """The session of a cookie value. Raises `TokenError`."""
         claims = self.verify("session", cookie)
         principal, session_id = claims.get("p"), claims.get("sid")
+        issued = claims.get("iat")
         if not isinstance(principal, str) or not isinstance(session_id, str):
             raise TokenError("invalid")
-        return Session(principal, session_id, claims["exp"])
+        if issued is not None and (isinstance(issued, bool) or not isinstance(issued, int | float)):
+            raise TokenError("invalid")
+        return Session(principal, session_id, claims["exp"], issued)
 
     def csrf(self, session: Session) -> str:
         """The form token of a session: every form of the session carries it."""

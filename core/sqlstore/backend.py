@@ -14,12 +14,13 @@ same cost however many reviews are open.
 from __future__ import annotations
 
 import functools
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal, NamedTuple, Protocol, TypeAlias
 
 from core.decisions import Decision
+from core.sqlstore.notices import Listening
 from core.store import (
     CONCURRENT_USE_REASON,
     ApprovalRequest,
@@ -100,6 +101,7 @@ RUN_COLUMN_NAMES = (
     "error",
     "claimed_by",
     "lease_until",
+    "started_by",
 )
 """The columns of `runs` that make a run record."""
 RUN_COLUMNS = ", ".join(RUN_COLUMN_NAMES)
@@ -441,7 +443,7 @@ class Backend(Protocol):
         """How many approvals have each status (statuses with none are left out)."""
         ...
 
-    async def listen(self, woken: Callable[[], None]) -> Callable[[], Awaitable[None]]:
+    async def listen(self, woken: Callable[[], None]) -> Listening:
         """Call `woken()` when any process decides an approval (where the database can say
         so); returns the function that stops listening."""
         ...
@@ -471,8 +473,13 @@ class Backend(Protocol):
         outcome: tuple[str, str | None, datetime | None],
     ) -> Change:
         """Settle a delivery `worker` holds: outcome is ("sent", ref JSON, None) or
-        ("failed", error, retry_at or None to give up). Appends `delivered_event` or, when
-        given up, `undelivered_event`."""
+        ("failed", error, retry_at or None to give up); a failure (or a None ref) keeps the
+        ref the delivery's progress left. Appends `delivered_event` or, when given up,
+        `undelivered_event`."""
+        ...
+
+    async def delivery_progress(self, delivery_id: int, worker: str, ref: str) -> Change:
+        """Replace the ref (JSON) of a delivery `worker` holds, leaving it due and claimed."""
         ...
 
     async def delivery_rows(self, approval_id: str) -> list[Row]:

@@ -19,6 +19,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_en
 from core.errors import StoreUnavailableError
 
 __all__ = [
+    "DRIVER_ERRORS",
     "connect_error",
     "normalize_url",
     "open_engine",
@@ -110,13 +111,18 @@ def open_engine(url: URL) -> AsyncEngine:
     return engine
 
 
-_DRIVER_ERRORS = (
-    OSError,
+DRIVER_ERRORS = (
+    OSError,  # TimeoutError and ConnectionError included
     SQLAlchemyError,
     sqlite3.Error,
     asyncpg.PostgresError,
-    asyncpg.InterfaceError,
+    asyncpg.InterfaceError,  # ConnectionDoesNotExistError: closed in the middle of a query
+    # A pooled connection terminated under a query can be left in a state asyncpg's protocol
+    # refuses ("cannot switch to state 15; another operation is in progress").
+    asyncpg.InternalClientError,
 )
+"""What the drivers raise when the database cannot be used: each becomes a
+`StoreUnavailableError`, so that no caller sees a driver's own exception."""
 
 
 class translate_errors:
@@ -136,7 +142,7 @@ class translate_errors:
     def __exit__(
         self, kind: type[BaseException] | None, error: BaseException | None, _tb: object
     ) -> None:
-        if error is not None and isinstance(error, _DRIVER_ERRORS):
+        if error is not None and isinstance(error, DRIVER_ERRORS):
             raise connect_error(self.url, error) from error
 
 

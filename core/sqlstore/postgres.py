@@ -9,7 +9,7 @@ take a second statement.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
@@ -37,6 +37,8 @@ from core.sqlstore.backend import (
     timeout_detail,
     undelivered_event,
 )
+from core.sqlstore.notices import Listener, Listening
+from core.sqlstore.pool import GuardedPool
 from core.store import ALREADY_VOTED, CONCURRENT_USE_REASON, TIMEOUT_DECIDER, ApprovalRequest
 
 __all__ = ["PostgresBackend"]
@@ -286,9 +288,14 @@ UPDATE deliveries SET claimed_by = $1, lease_until = $2
 WHERE seq = ANY (ARRAY (SELECT seq FROM picked))
 RETURNING {DELIVERY_COLUMNS}"""
 _SETTLE_DELIVERY = f"""
-UPDATE deliveries SET status = $3, attempts = attempts + 1, sent_at = $4, ref = $5,
+UPDATE deliveries SET status = $3, attempts = attempts + 1, sent_at = $4,
+    ref = coalesce($5, ref),
     error = $6, due_at = coalesce($7, due_at), claimed_by = NULL, lease_until = NULL
 WHERE seq = $1 AND claimed_by = $2 AND status = 'due'
+RETURNING {DELIVERY_COLUMNS}"""
+# The progress of a delivery still held: its ref, and nothing else.
+_DELIVERY_PROGRESS = f"""
+UPDATE deliveries SET ref = $3 WHERE seq = $1 AND claimed_by = $2 AND status = 'due'
 RETURNING {DELIVERY_COLUMNS}"""
 
 
@@ -320,7 +327,7 @@ class PostgresBackend:
     """Atomic store operations on a pool of asyncpg connections."""
 
     def __init__(self, pool: asyncpg.Pool, dsn: str) -> None:
-        self._pool = pool
+        self._pool = GuardedPool(pool)
         self._dsn = dsn
 
     @classmethod
@@ -342,15 +349,10 @@ class PostgresBackend:
         )
         return {record["status"]: record["number"] for record in records}
 
-    async def listen(self, woken: Callable[[], None]) -> Callable[[], Awaitable[None]]:
-        """Call `woken()` whenever any process decides an approval; returns the closer."""
-        connection = await asyncpg.connect(self._dsn)
-
-        def notified(*_: object) -> None:
-            woken()
-
-        await connection.add_listener(DECIDED_CHANNEL, notified)
-        return connection.close
+    async def listen(self, woken: Callable[[], None]) -> Listening:
+        """Call `woken()` whenever any process decides an approval, on a connection made
+        again whenever it is lost (`Listener`); returns what stops listening."""
+        return await Listener(self._dsn, DECIDED_CHANNEL, woken).start()
 
     async def _one(self, query: str, *arguments: Any) -> Row | None:
         return _row(await self._pool.fetchrow(query, *arguments))
@@ -628,6 +630,16 @@ class PostgresBackend:
                     event.detail, event.person,
                 )  # fmt: skip
         return Change(changed, None)
+
+    async def delivery_progress(self, delivery_id: int, worker: str, ref: str) -> Change:
+        async with self._pool.acquire() as connection, connection.transaction():
+            found = await connection.fetchrow(_DELIVERY_PROGRESS, delivery_id, worker, ref)
+            if found is not None:
+                return Change(dict(found), None)
+            existing = await connection.fetchrow(
+                f"SELECT {DELIVERY_COLUMNS} FROM deliveries WHERE seq = $1", delivery_id
+            )
+            return Change(None, _row(existing))
 
     async def delivery_rows(self, approval_id: str) -> list[Row]:
         records = await self._pool.fetch(

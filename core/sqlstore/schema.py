@@ -22,7 +22,16 @@ from sqlalchemy import (
     text,
 )
 
-__all__ = ["UTCDateTime", "approvals", "deliveries", "events", "metadata", "runs", "votes"]
+__all__ = [
+    "UTCDateTime",
+    "approvals",
+    "deliveries",
+    "events",
+    "metadata",
+    "revocations",
+    "runs",
+    "votes",
+]
 
 metadata = MetaData()
 
@@ -145,6 +154,8 @@ runs = Table(
     Column("error", Text),
     Column("claimed_by", String(255)),
     Column("lease_until", UTCDateTime),
+    # Who started it, when another than `requested_by` (a token with runs:write-as).
+    Column("started_by", String(255)),
     # How many of the run's reviews are pending, kept by the statements that create and
     # decide them, so that a waiting run is ready when it is 0 (read nowhere else).
     Column("pending", Integer, nullable=False, server_default="0"),
@@ -191,3 +202,22 @@ Index(
     sqlite_where=deliveries.c.status == "due",
     postgresql_where=deliveries.c.status == "due",
 )
+
+# The web inbox's ended sessions (core/sqlstore/sessions.py): one session (`kind` session,
+# `subject` its id), or every session of a person issued at or before `issued_before`
+# (`kind` principal, `subject` the principal in lower case). A row is kept until
+# `expires_at`, when every session it ends has expired anyway, and pruned after.
+revocations = Table(
+    "revocations",
+    metadata,
+    Column("seq", Serial, primary_key=True, autoincrement=True),
+    Column("kind", String(16), nullable=False),  # session | principal
+    Column("subject", String(255), nullable=False),
+    Column("issued_before", UTCDateTime),  # principal: sessions issued at or before it
+    Column("expires_at", UTCDateTime, nullable=False),
+    Column("created_at", UTCDateTime, nullable=False),
+)
+# session_revoked(): the revocations of one session id and of one principal, on every request.
+Index("revocations_subject", revocations.c.kind, revocations.c.subject)
+# The pruning of those that have expired, on every insert.
+Index("revocations_expiry", revocations.c.expires_at)

@@ -15,7 +15,7 @@ import asyncio
 import sqlite3
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from typing import Any, TypeAlias, TypeVar
 
@@ -43,6 +43,7 @@ from core.sqlstore.backend import (
     timeout_detail,
     undelivered_event,
 )
+from core.sqlstore.notices import Listening, NotListening
 from core.store import ALREADY_VOTED, TIMEOUT_DECIDER, ApprovalRequest
 
 __all__ = ["SqliteBackend"]
@@ -202,11 +203,17 @@ _CLAIM_DELIVERIES = (
     f") RETURNING {DELIVERY_COLUMNS}"
 )
 _SETTLE_DELIVERY = (
-    "UPDATE deliveries SET status = ?, attempts = attempts + 1, sent_at = ?, ref = ?, "
+    "UPDATE deliveries SET status = ?, attempts = attempts + 1, sent_at = ?, "
+    "ref = coalesce(?, ref), "
     "error = ?, due_at = coalesce(?, due_at), claimed_by = NULL, lease_until = NULL "
     f"WHERE seq = ? AND claimed_by = ? AND status = 'due' RETURNING {DELIVERY_COLUMNS}"
 )
 _SELECT_DELIVERY = f"SELECT {DELIVERY_COLUMNS} FROM deliveries WHERE seq = ?"
+# The progress of a delivery still held: its ref, and nothing else.
+_DELIVERY_PROGRESS = (
+    "UPDATE deliveries SET ref = ? WHERE seq = ? AND claimed_by = ? AND status = 'due' "
+    f"RETURNING {DELIVERY_COLUMNS}"
+)
 
 
 def _delivery_row(found: Sequence[Any] | None) -> Row | None:
@@ -690,6 +697,17 @@ class SqliteBackend:
 
         return await self._transaction(work)
 
+    async def delivery_progress(self, delivery_id: int, worker: str, ref: str) -> Change:
+        def work(db: sqlite3.Connection) -> Change:
+            found = db.execute(_DELIVERY_PROGRESS, (ref, delivery_id, worker)).fetchone()
+            changed = _delivery_row(found)
+            if changed is not None:
+                return Change(changed, None)
+            existing = db.execute(_SELECT_DELIVERY, (delivery_id,)).fetchone()
+            return Change(None, _delivery_row(existing))
+
+        return await self._transaction(work)
+
     async def delivery_rows(self, approval_id: str) -> list[Row]:
         query = f"SELECT {DELIVERY_COLUMNS} FROM deliveries WHERE approval_id = ? ORDER BY seq"
         return [_delivery_row(raw) or {} for raw in await self._fetch_all(query, (approval_id,))]
@@ -698,13 +716,10 @@ class SqliteBackend:
         rows = await self._fetch_all(_COUNTS, ())
         return {str(row[0]): int(row[1]) for row in rows}
 
-    async def listen(self, woken: Callable[[], None]) -> Callable[[], Awaitable[None]]:
+    async def listen(self, woken: Callable[[], None]) -> Listening:
         # SQLite has no notices between processes: other processes' decisions are found by
         # polling. This process's own decisions wake its workers directly.
-        async def nothing_to_close() -> None:
-            return None
-
-        return nothing_to_close
+        return NotListening()
 
     async def close(self) -> None:
         self._db.close()

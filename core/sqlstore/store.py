@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
 from typing import Any, TypeAlias, cast
 from urllib.parse import urlencode
@@ -48,7 +48,9 @@ from core.sqlstore.engine import (
     translate_errors,
 )
 from core.sqlstore.migrate import ensure_schema
+from core.sqlstore.notices import Listening
 from core.sqlstore.postgres import PostgresBackend
+from core.sqlstore.sessions import SqlSessionRevocations
 from core.sqlstore.sqlite import SqliteBackend
 from core.store import (
     ApprovalEvent,
@@ -114,6 +116,8 @@ class SqlApprovalStore:
         self._audit_key = audit_key or None
         self._backend: Backend | None = None
         self._opening = asyncio.Lock()
+        self.sessions = SqlSessionRevocations(self.url, ready=self.open, clock=clock)
+        """The web inbox's ended sessions, in this database (`core.sqlstore.sessions`)."""
 
     @property
     def display_url(self) -> str:
@@ -127,6 +131,7 @@ class SqlApprovalStore:
 
     async def close(self) -> None:
         """Close the connections. The store opens them again if it is used after."""
+        await self.sessions.close()
         backend, self._backend = self._backend, None
         if backend is not None:
             with self._errors():
@@ -301,6 +306,7 @@ class SqlApprovalStore:
         requested_by: str | None = None,
         run_id: str | None = None,
         lease: float = DEFAULT_LEASE,
+        started_by: str | None = None,
     ) -> RunRecord:
         backend = await self._ready()
         now = self._clock()
@@ -316,6 +322,7 @@ class SqlApprovalStore:
             "requested_by": requested_by,
             "claimed_by": worker,
             "lease_until": now + timedelta(seconds=lease),
+            "started_by": started_by,
         }
         with self._errors():
             created = await backend.create_run(row)
@@ -418,6 +425,16 @@ class SqlApprovalStore:
     ) -> Delivery:
         return await self._settle(delivery_id, worker, ("failed", error, retry_at))
 
+    async def delivery_progress(
+        self, delivery_id: int, *, worker: str, ref: dict[str, Any]
+    ) -> Delivery:
+        backend = await self._ready()
+        with self._errors():
+            change = await backend.delivery_progress(delivery_id, worker, canonical_json(ref))
+        if change.changed is None:
+            raise _lost(delivery_id, worker, change.existing)
+        return _delivery(change.changed)
+
     async def deliveries(self, approval_id: str) -> _Deliveries:
         backend = await self._ready()
         with self._errors():
@@ -432,14 +449,7 @@ class SqlApprovalStore:
             change = await backend.settle_delivery(delivery_id, worker, self._clock(), outcome)
         if change.changed is not None:
             return _delivery(change.changed)
-        existing = change.existing
-        if existing is None:
-            reason = "there is no such delivery"
-        elif existing["status"] != "due":
-            reason = f"it is {existing['status']} already"
-        else:
-            reason = f"it is held by {existing['claimed_by'] or 'nobody'}, not {worker}"
-        raise DeliveryLost(delivery_id=delivery_id, reason=reason)
+        raise _lost(delivery_id, worker, change.existing)
 
     async def counts(self) -> dict[ApprovalStatus, int]:
         backend = await self._ready()
@@ -450,10 +460,11 @@ class SqlApprovalStore:
             for status in cast(tuple[ApprovalStatus, ...], ("pending", "approved", "denied"))
         }
 
-    async def listen(self, woken: Callable[[], None]) -> Callable[[], Awaitable[None]]:
+    async def listen(self, woken: Callable[[], None]) -> Listening:
         """Call `woken()` whenever any process decides an approval in this database
         (PostgreSQL's LISTEN/NOTIFY; on SQLite only polling finds other processes'
-        decisions). Returns the coroutine function that stops listening."""
+        decisions). Returns what stops listening: a lost connection is made again, and
+        `woken()` called once it is, so nothing decided meanwhile is missed."""
         backend = await self._ready()
         with self._errors():
             return await backend.listen(woken)
@@ -522,7 +533,19 @@ def _run(row: Row) -> RunRecord:
         error=row["error"],
         claimed_by=row["claimed_by"],
         lease_until=row["lease_until"],
+        started_by=row["started_by"],
     )
+
+
+def _lost(delivery_id: int, worker: str, existing: Row | None) -> DeliveryLost:
+    """Why `worker` may not settle (or record the progress of) a delivery any more."""
+    if existing is None:
+        reason = "there is no such delivery"
+    elif existing["status"] != "due":
+        reason = f"it is {existing['status']} already"
+    else:
+        reason = f"it is held by {existing['claimed_by'] or 'nobody'}, not {worker}"
+    return DeliveryLost(delivery_id=delivery_id, reason=reason)
 
 
 def _delivery(row: Row) -> Delivery:

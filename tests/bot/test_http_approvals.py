@@ -140,7 +140,8 @@ async def api(tmp_path: Path) -> AsyncIterator[Harness]:
 
 async def test_healthz_needs_no_token(api: Harness) -> None:
     response = await api.client.get("/healthz")
-    assert (response.status_code, response.json()) == (200, {"status": "ok", "error": None})
+    ok = {"status": "ok", "error": None, "problems": []}
+    assert (response.status_code, response.json()) == (200, ok)
 
 
 async def test_healthz_reports_a_store_that_cannot_be_used(tmp_path: Path) -> None:
@@ -154,10 +155,8 @@ async def test_healthz_reports_a_store_that_cannot_be_used(tmp_path: Path) -> No
     finally:
         await store.close()
     assert response.status_code == 503
-    assert response.json() == {
-        "status": "unavailable",
-        "error": "the approval store cannot be used (store-unavailable)",
-    }
+    problem = "the approval store cannot be used (store-unavailable)"
+    assert response.json() == {"status": "unavailable", "error": problem, "problems": [problem]}
 
 
 # --- reading --------------------------------------------------------------------------------

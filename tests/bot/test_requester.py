@@ -3,6 +3,8 @@ in-process (`bot.serve.serving`) on a loopback port over SQLite."""
 
 from __future__ import annotations
 
+import html
+import re
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -117,7 +119,11 @@ async def test_a_run_started_for_someone_else_is_approved_by_neither(bot: Bot) -
     requester = await bot.decide(approval_id, "Carol@Example.com", "approve")
     assert (requester.status_code, requester.json()["error"]) == (403, SELF_APPROVAL_REASON)
     starter = await bot.decide(approval_id, "frontend@example.com", "approve")
-    assert (starter.status_code, starter.json()["error"]) == (403, STARTS_FOR_OTHERS_REASON)
+    assert (starter.status_code, starter.json()["error"]) == (403, SELF_APPROVAL_REASON)
+    # A token that may start runs for others approves no run, even one it did not start.
+    other = (await bot.start("mallory@example.com")).json()["pending"][0]["approval_id"]
+    any_run = await bot.decide(other, "frontend@example.com", "approve")
+    assert (any_run.status_code, any_run.json()["error"]) == (403, STARTS_FOR_OTHERS_REASON)
     detail = (
         await bot.client.get(f"/approvals/{approval_id}", headers=as_("lead@example.com"))
     ).json()
@@ -147,3 +153,31 @@ async def test_an_address_in_another_case_is_the_same_requester(bot: Bot) -> Non
     assert (refused.status_code, refused.json()["error"]) == (403, SELF_APPROVAL_REASON)
     record = await bot.served.service.store.get(pending["approval_id"])
     assert record.decision is None
+
+
+async def test_the_starter_for_someone_else_may_not_approve_in_the_inbox_either(
+    bot: Bot,
+) -> None:
+    started = await bot.start("frontend@example.com", requested_by="carol@example.com")
+    run = started.json()
+    assert (run["requested_by"], run["started_by"]) == ("carol@example.com", "frontend@example.com")
+    approval_id = run["pending"][0]["approval_id"]
+    # The person behind the token signs in to the inbox (another channel, the same person).
+    async with httpx.AsyncClient(base_url=bot.served.url) as browser:
+        link = bot.served.sign_in_link("Frontend@Example.com")
+        assert (await browser.get(link)).status_code == 303
+        page = await browser.get(f"/inbox/approvals/{approval_id}")
+        found = re.search(r'name="csrf" value="([^"]+)"', page.text)
+        assert found, page.text
+        form = {"csrf": found.group(1), "action": "approve"}
+        refused = await browser.post(f"/inbox/approvals/{approval_id}/decide", data=form)
+    assert refused.status_code == 403
+    assert SELF_APPROVAL_REASON in html.unescape(refused.text)
+    record = await bot.served.service.store.get(approval_id)
+    assert record.decision is None
+    events = await bot.served.service.store.events(approval_id)
+    assert [(e.kind, e.actor, e.channel) for e in events][-1] == (
+        "refused",
+        "Frontend@Example.com",
+        "web",
+    )

@@ -296,6 +296,7 @@ async def test_the_openapi_document_describes_every_route(served: Running) -> No
     assert document["openapi"] == "3.1.0"
     assert set(document["paths"]) == {
         "/healthz",
+        "/readyz",
         "/approvals",
         "/approvals/{approval_id}",
         "/approvals/{approval_id}/decide",

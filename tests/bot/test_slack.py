@@ -295,6 +295,26 @@ async def test_a_denial_with_its_reason_reaches_the_model(bot: Bot) -> None:
     assert "&lt;!channel&gt;" in all_text(message) and "<!channel>" not in all_text(message)
 
 
+async def test_a_reason_over_2000_characters_keeps_the_modal_open_and_records_nothing(
+    bot: Bot,
+) -> None:
+    approval_id = await bot.start()
+    [message] = await bot.posted(bot.lead)
+    await bot.click(message, "nodbot.deny", bot.lead)
+    view = await bot.modal()
+    long = "x" * 2_001  # Slack's client stops at the input's max_length; a forged one may not
+    refused = await bot.send(bot.slack.submit(view, bot.lead, {"reason": {"value": long}}))
+    assert refused.json() == {
+        "response_action": "errors",
+        "errors": {"reason": "the reason has 2001 characters; at most 2000 are allowed"},
+    }
+    assert (await bot.record(approval_id)).decision is None
+    answer = await bot.send(bot.slack.submit(view, bot.lead, {"reason": {"value": "x" * 2_000}}))
+    assert answer.status_code == 200, answer.text
+    record = await bot.decided(approval_id)
+    assert record.decision is not None and record.decision.reason == "x" * 2_000
+
+
 async def test_others_and_the_requester_are_told_no_and_the_attempt_is_recorded(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -488,6 +508,8 @@ SCOPES = {
     "users.lookupByEmail": "users:read.email",
     "usergroups.users.list": "usergroups:read",
     "conversations.members": "channels:read",
+    "conversations.history": "channels:history",  # and groups:, im:, mpim:history by kind
+    "conversations.replies": "channels:history",
     "views.open": None,
     "auth.test": None,
 }
@@ -505,8 +527,10 @@ async def test_the_manifest_grants_what_the_bot_calls_and_no_more(
     assert called <= set(SCOPES), called - set(SCOPES)
     needed = {SCOPES[method] for method in called} - {None}
     assert needed <= granted
-    # Nothing granted that no method of the bot needs (groups:read: private channels' members).
-    assert granted <= {scope for scope in SCOPES.values() if scope} | {"groups:read"}
+    # Nothing granted that no method of the bot needs (groups:read: private channels' members;
+    # the other history scopes: reading private channels, DMs and group DMs).
+    by_kind = {"groups:read", "groups:history", "im:history", "mpim:history"}
+    assert granted <= {scope for scope in SCOPES.values() if scope} | by_kind
 
 
 async def test_a_user_group_gets_one_message_per_member_and_its_members_decide(

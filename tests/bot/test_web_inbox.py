@@ -827,3 +827,39 @@ def test_nodbot_inbox_link_needs_web_secret(tmp_path: Path) -> None:
         text=True,
     )
     assert bad.returncode == 1 and "not 'a b'" in bad.stderr
+
+
+# --- limits ---------------------------------------------------------------------------------
+
+
+async def test_a_reason_over_2000_characters_is_422_and_records_nothing(web: Inbox) -> None:
+    _, _, approval_id = await web.pending()
+    client = await web.signed_in(LEAD)
+    page = await client.get(f"/inbox/approvals/{approval_id}")
+    assert 'name="reason" maxlength="2000"' in page.text  # the browser stops at the limit too
+    answer = await decide(client, approval_id, "deny", reason="x" * 2_001)
+    assert answer.status_code == 422
+    assert "The reason has 2001 characters; at most 2000 are allowed" in text_of(answer)
+    assert (await web.store.get(approval_id)).status == "pending"
+    assert await web.events(approval_id) == [("created", CAROL, None)]
+    kept = await decide(client, approval_id, "deny", reason="x" * 2_000)
+    assert kept.status_code == 303
+
+
+CONFIGURE = {"level": 1, "enabled": True, "mode": "safe", "name": "n", "tags": []}
+
+
+async def test_a_long_or_deep_value_in_an_edit_is_422_beside_its_field(web: Inbox) -> None:
+    _, _, approval_id = await web.pending("configure", **CONFIGURE)
+    client = await web.signed_in(LEAD)
+    long = await decide(client, approval_id, "edit", **{"arg.name": "n" * 10_001})
+    assert long.status_code == 422
+    assert "name: 10001 characters; at most 10000 are allowed" in text_of(long)
+    inside = await decide(client, approval_id, "edit", **{"arg.tags": json.dumps(["t" * 10_001])})
+    assert inside.status_code == 422
+    assert "tags.0 has 10001 characters; at most 10000 are allowed" in text_of(inside)
+    deep = await decide(client, approval_id, "edit", **{"arg.tags": "[" * 100_000})
+    assert deep.status_code == 422
+    assert "nested too deeply" in text_of(deep)
+    assert (await web.store.get(approval_id)).status == "pending"
+    assert await web.events(approval_id) == [("created", CAROL, None)]

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
+import sqlite3
 from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -33,6 +35,7 @@ from core import (
     advance_run,
 )
 from tests.core.store.conftest import BACKENDS, database_url
+from tests.support import eventually
 
 MESSAGES = TypeAdapter(list[Message])
 
@@ -256,3 +259,72 @@ async def test_concurrent_claims_hand_each_run_to_one_worker(make_bot: MakeBot) 
     claimed = [run.run_id for claim in claims for run in claim]
     assert len(claimed) == 6
     assert len(set(claimed)) == 6  # nobody got a run twice
+
+
+async def test_a_run_keeps_who_started_it_for_its_requester(make_bot: MakeBot) -> None:
+    bot = await make_bot()
+    run = await bot.runs.create_run(
+        agent="support",
+        messages=[HumanMessage(content="Refund order A-1")],
+        worker="w1",
+        requested_by="carol",
+        started_by="frontend",
+    )
+    assert (run.requested_by, run.started_by) == ("carol", "frontend")
+    saved = await bot.runs.save_run(run, status="waiting", messages=run.messages)
+    assert saved.started_by == "frontend"
+    assert (await bot.runs.get_run(run.run_id)).started_by == "frontend"
+
+
+async def test_a_call_that_ran_while_the_database_was_locked_is_recorded_not_failed(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The store's writes fail (another process holds SQLite's write lock past the store's
+    `lock_timeout`) just after the tool ran: its approval is settled and the run saved once
+    the lock is let go, so the run finishes with the tool's result, the tool ran once, and
+    the run is never marked failed."""
+    path = tmp_path / "nodbot.db"
+    # Another process, as far as SQLite can tell; used from the tool's worker thread too.
+    holder = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    ran_under_lock = asyncio.Event()
+    refunds: list[float] = []
+    tools = ToolRegistry()
+
+    @tools.tool(confirm=True)
+    def refund(order_id: str, amount: float) -> str:
+        refunds.append(amount)
+        holder.execute("BEGIN IMMEDIATE")  # from now on, every write of the store fails
+        ran_under_lock.set()
+        return f"refunded {amount} on {order_id}"
+
+    agent = Agent(ScriptedChat([refund_turn("call_1"), "The refund is done."]), tools)
+    async with SqlApprovalStore(f"sqlite:///{path}", lock_timeout=0.05) as store:
+        executor = agent.executor(approval=DeferredApproval(store))
+        run = await store.create_run(
+            agent="support", messages=[HumanMessage(content="Refund order A-1")], worker="w1"
+        )
+        waiting = await advance_run(run, agent=agent, executor=executor, runs=store)
+        [pending] = await store.list(run_id=run.run_id, status="pending")
+        await executor.decide(pending.approval_id, True, decided_by="ana")
+        [claimed] = await store.claim_ready(worker="w2")
+        caplog.set_level(logging.WARNING, logger="core.retrying")
+        advancing = asyncio.create_task(
+            advance_run(claimed, agent=agent, executor=executor, runs=store)
+        )
+        async with asyncio.timeout(30):
+            await ran_under_lock.wait()
+
+        async def retried() -> bool:
+            return any("trying again" in r.getMessage() for r in caplog.records)
+
+        await eventually(retried, "a write tried again while the database is locked")
+        holder.execute("ROLLBACK")
+        async with asyncio.timeout(30):
+            finished = await advancing
+        holder.close()
+        record = await store.get(pending.approval_id)
+    assert waiting.status == "waiting"
+    assert finished.status == "finished", finished.error
+    assert finished.final_text == "The refund is done."
+    assert refunds == [120.0]
+    assert (record.outcome, record.finished_at is not None) == ("ok", True)

@@ -328,6 +328,7 @@ class Call:
     ok: bool = False
     error: str | None = None
     fault: bool = False  # answered by an injected failure
+    held: bool = False  # its answer was held back (`SlackFake.hold`)
 
 
 @dataclass
@@ -989,7 +990,8 @@ class SlackFake:
         self.strict_triggers = True  # views.open refuses trigger ids the fake did not mint
         self.trigger_ttl: float | None = None  # Slack's is 3 s; None never expires
 
-        self._failures: dict[str, deque[Failure]] = {}
+        self._failures: dict[str, deque[tuple[Failure, Callable[[JSON], bool] | None]]] = {}
+        self._holds: dict[str, asyncio.Event] = {}  # method -> released
         self._rate_every: int | None = None
         self._rate_retry_after = 1
         self._rate_methods: frozenset[str] | None = None
@@ -1023,6 +1025,8 @@ class SlackFake:
             "usergroups.users.list": ("bot", self._usergroups_users_list),
             "users.lookupByEmail": ("bot", self._users_lookup_by_email),
             "users.info": ("bot", self._users_info),
+            "conversations.history": ("bot", self._conversations_history),
+            "conversations.replies": ("bot", self._conversations_replies),
             "apps.connections.open": ("app", self._apps_connections_open),
         }
 
@@ -1107,10 +1111,36 @@ class SlackFake:
 
     # -- fault injection ---------------------------------------------------------------------
 
-    def fail(self, method: str, *failures: int | str | Failure) -> None:
+    def fail(
+        self,
+        method: str,
+        *failures: int | str | Failure,
+        where: Callable[[JSON], bool] | None = None,
+    ) -> None:
         """Answer the next calls of `method` ("*" for any) with these failures, in order:
-        429 (ratelimited, Retry-After 1), 500, 503, an `ok: false` error code, or a Failure."""
-        self._failures.setdefault(method, deque()).extend(Failure.of(f) for f in failures)
+        429 (ratelimited, Retry-After 1), 500, 503, an `ok: false` error code, or a Failure.
+        With `where`, only calls whose params it accepts are failed (a thread reply, say:
+        `where=lambda params: "thread_ts" in params`); the others are answered as usual."""
+        queue = self._failures.setdefault(method, deque())
+        queue.extend((Failure.of(f), where) for f in failures)
+
+    def hold(self, method: str) -> None:
+        """Do what each call of `method` does (a message posted is there to read), but hold
+        its HTTP answer back until `release`: what Slack did that the app never heard of,
+        when the app dies (or times out) before the answer arrives."""
+        self._holds.setdefault(method, asyncio.Event())
+
+    def release(self, method: str | None = None) -> None:
+        """Send the answers held back for `method` (None: every method), and stop holding."""
+        for name in [method] if method is not None else list(self._holds):
+            gate = self._holds.pop(name, None)
+            if gate is not None:
+                gate.set()
+
+    @property
+    def held(self) -> list[Call]:
+        """The calls whose answer was held back."""
+        return [c for c in self.calls if c.held]
 
     def rate_limit_every(
         self, n: int | None, *, retry_after: int = 1, methods: Iterable[str] | None = None
@@ -1124,11 +1154,14 @@ class SlackFake:
         self._rate_methods = frozenset(methods) if methods is not None else None
         self._rate_count = 0
 
-    def _next_failure(self, method: str) -> Failure | None:
+    def _next_failure(self, method: str, params: JSON) -> Failure | None:
         for key in (method, "*"):
-            queue = self._failures.get(key)
-            if queue:
-                return queue.popleft()
+            queue = self._failures.get(key) or deque()
+            for entry in queue:
+                failure, where = entry
+                if where is None or where(params):
+                    queue.remove(entry)
+                    return failure
         if self._rate_every and (self._rate_methods is None or method in self._rate_methods):
             self._rate_count += 1
             if self._rate_count % self._rate_every == 0:
@@ -1432,12 +1465,17 @@ class SlackFake:
         status, headers, body = self._answer(call, refusal)
         call.status, call.ok, call.error = status, bool(body.get("ok")), body.get("error")
         self._touch()
+        gate = self._holds.get(method)
+        if gate is not None:
+            call.held = True
+            self._touch()
+            await gate.wait()
         return _json_response(body, status, headers)
 
     def _answer(self, call: Call, refusal: Refusal | None) -> tuple[int, dict[str, str], JSON]:
         if call.method not in self._handlers:
             return 200, {}, {"ok": False, "error": "unknown_method", "req_method": call.method}
-        failure = self._next_failure(call.method)
+        failure = self._next_failure(call.method, call.params)
         if failure is not None:
             call.fault = True
             headers = {}
@@ -1692,6 +1730,65 @@ class SlackFake:
         cursor = _encode_cursor(following) if following < len(members) else ""
         return {"members": page, "response_metadata": {"next_cursor": cursor}}
 
+    def _conversations_history(self, params: JSON) -> JSON:
+        """The channel's messages, newest first; thread replies are left out, as Slack does,
+        and metadata is included only with `include_all_metadata`."""
+        channel = self._readable(params)
+        found = [m for m in self._messages.get(channel.id, []) if m.thread_ts in (None, m.ts)]
+        return self._page(params, sorted(found, key=lambda m: float(m.ts), reverse=True), 100)
+
+    def _conversations_replies(self, params: JSON) -> JSON:
+        """A thread, oldest first: its parent message, then its replies."""
+        channel = self._readable(params)
+        ts = _text(params, "ts")
+        messages = self._messages.get(channel.id, [])
+        parent = [m for m in messages if m.ts == ts and m.thread_ts in (None, ts)]
+        if not parent or parent[0].deleted:
+            raise Refusal("thread_not_found")
+        replies = [m for m in messages if m.thread_ts == ts and m.ts != ts]
+        return self._page(params, parent + sorted(replies, key=lambda m: float(m.ts)), 1000)
+
+    def _readable(self, params: JSON) -> Channel:
+        """A channel whose history the bot may read: by id only, and one it is in."""
+        channel_id = _text(params, "channel")
+        if channel_id is None or channel_id not in self.channels:
+            raise Refusal("channel_not_found")
+        channel = self.channels[channel_id]
+        if not channel.is_im and self.bot_user.id not in channel.members:
+            raise Refusal("not_in_channel")
+        return channel
+
+    def _page(self, params: JSON, messages: list[Message], default: int) -> JSON:
+        """One page of messages between `oldest` and `latest`, with Slack's cursor."""
+        inclusive = _flag(params.get("inclusive"))
+        try:
+            oldest = float(_text(params, "oldest") or 0)
+            latest = float(_text(params, "latest") or time.time() + 1)
+            limit = max(1, min(int(params.get("limit") or default), 999))
+            start = _decode_cursor(_text(params, "cursor"))
+        except ValueError:
+            raise Refusal("invalid_arguments") from None
+
+        def within(message: Message) -> bool:
+            ts = float(message.ts)
+            if inclusive:
+                return oldest <= ts <= latest
+            return oldest < ts < latest
+
+        chosen = [m for m in messages if not m.deleted and within(m)]
+        page = chosen[start : start + limit]
+        following = start + limit
+        metadata = _flag(params.get("include_all_metadata"))
+        found = []
+        for message in page:
+            shown = message.to_api()
+            if not metadata:
+                shown.pop("metadata", None)
+            found.append(shown)
+        more = following < len(chosen)
+        cursor = _encode_cursor(following) if more else ""
+        return {"messages": found, "has_more": more, "response_metadata": {"next_cursor": cursor}}
+
     def _usergroups_users_list(self, params: JSON) -> JSON:
         group_id = _text(params, "usergroup")
         if group_id is None or group_id not in self.usergroups:
@@ -1844,6 +1941,7 @@ async def slack_fake(**options: Any) -> AsyncIterator[SlackFake]:
         fake.base_url = f"http://127.0.0.1:{port}"
         yield fake
     finally:
+        fake.release()  # held answers, so that the server can stop
         await fake.close_sockets()
         server.should_exit = True
         await task

@@ -790,3 +790,78 @@ async def test_the_sync_web_client_posts_and_retries_a_429(slack: SlackFake) -> 
     [message] = slack.messages(ops)
     assert [v.text for v in message.versions] == ["sync", "edited"]
     assert [c.status for c in slack.calls] == [429, 200, 200]
+
+
+async def test_history_and_threads_are_read_with_their_metadata(slack: SlackFake) -> None:
+    from slack_sdk.errors import SlackApiError
+
+    ops = slack.add_channel("ops")
+    outside = slack.add_channel("elsewhere", bot_member=False)
+    client = web_client(slack)
+    tagged = {"event_type": "nodbot_review", "event_payload": {"approval_id": "apr_1"}}
+    first = await client.chat_postMessage(channel=ops.id, text="first", metadata=tagged)
+    reply = await client.chat_postMessage(
+        channel=ops.id, thread_ts=first["ts"], text="in the thread", metadata=tagged
+    )
+    second = await client.chat_postMessage(channel=ops.id, text="second")
+
+    plain = await client.conversations_history(channel=ops.id)
+    assert [m["ts"] for m in plain["messages"]] == [second["ts"], first["ts"]]  # no replies
+    assert not any("metadata" in m for m in plain["messages"])
+    full = await client.conversations_history(channel=ops.id, include_all_metadata=True)
+    assert full["messages"][1]["metadata"] == tagged
+    paged = await client.conversations_history(channel=ops.id, limit=1, oldest=first["ts"])
+    assert [m["ts"] for m in paged["messages"]] == [second["ts"]]  # oldest is exclusive
+    cursor = paged["response_metadata"]["next_cursor"]
+    assert paged["has_more"] is False and cursor == ""
+    older = await client.conversations_history(channel=ops.id, limit=1)
+    assert older["has_more"] is True
+    rest = await client.conversations_history(
+        channel=ops.id, limit=1, cursor=older["response_metadata"]["next_cursor"]
+    )
+    assert [m["ts"] for m in rest["messages"]] == [first["ts"]]
+
+    thread = await client.conversations_replies(
+        channel=ops.id, ts=first["ts"], include_all_metadata=True
+    )
+    assert [m["ts"] for m in thread["messages"]] == [first["ts"], reply["ts"]]
+    assert thread["messages"][1]["metadata"] == tagged
+    refused = [
+        (client.conversations_history(channel=outside.id), "not_in_channel"),
+        (client.conversations_history(channel="#ops"), "channel_not_found"),  # ids only
+        (client.conversations_replies(channel=ops.id, ts="1.000001"), "thread_not_found"),
+    ]
+    for reading, error in refused:
+        with pytest.raises(SlackApiError) as raised:
+            await reading
+        assert raised.value.response["error"] == error
+
+
+async def test_a_held_answer_is_done_but_not_told_until_released(slack: SlackFake) -> None:
+    ops = slack.add_channel("ops")
+    client = web_client(slack)
+    slack.hold("chat.postMessage")
+    posting = asyncio.create_task(client.chat_postMessage(channel=ops.id, text="held"))
+    await slack.wait_until(lambda: bool(slack.held), what="a held call")
+    # Slack has the message; the app has no answer yet.
+    assert [m.text for m in slack.messages(ops)] == ["held"] and not posting.done()
+    slack.release("chat.postMessage")
+    answer = await posting
+    assert answer["ts"] == slack.messages(ops)[0].ts
+    await client.chat_postMessage(channel=ops.id, text="not held")
+    assert [c.held for c in slack.calls_to("chat.postMessage")] == [True, False]
+
+
+async def test_failures_can_be_aimed_at_some_calls_only(slack: SlackFake) -> None:
+    from slack_sdk.errors import SlackApiError
+
+    ops = slack.add_channel("ops")
+    client = web_client(slack)
+    slack.fail("chat.postMessage", "fatal_error", "fatal_error", where=lambda p: "thread_ts" in p)
+    parent = await client.chat_postMessage(channel=ops.id, text="parent")  # not aimed at
+    for _ in range(2):
+        with pytest.raises(SlackApiError):
+            await client.chat_postMessage(channel=ops.id, thread_ts=parent["ts"], text="reply")
+    await client.chat_postMessage(channel=ops.id, thread_ts=parent["ts"], text="reply")
+    assert [m.text for m in slack.messages(ops)] == ["parent", "reply"]
+    assert [c.fault for c in slack.calls_to("chat.postMessage")] == [False, True, True, False]

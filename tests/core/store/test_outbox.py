@@ -207,3 +207,39 @@ async def test_concurrent_claimants_share_the_deliveries(store: SqlApprovalStore
 async def test_settling_an_unknown_delivery_is_refused(store: SqlApprovalStore) -> None:
     with pytest.raises(DeliveryLost, match="no such delivery"):
         await store.delivered(12345, worker="w1")
+
+
+async def test_a_claimed_deliverys_progress_is_kept_without_settling_it(
+    store: SqlApprovalStore, clock: Clock
+) -> None:
+    record = await store.create(request())
+    [made] = await store.announce(record.approval_id, "request", [HOOK])
+    await store.claim_deliveries(worker="w1", lease=30)
+    with pytest.raises(DeliveryLost, match="held by w1, not w2"):
+        await store.delivery_progress(made.delivery_id, worker="w2", ref={"step": 1})
+    kept = await store.delivery_progress(made.delivery_id, worker="w1", ref={"step": 1})
+    assert (kept.status, kept.attempts, kept.claimed_by, kept.ref) == ("due", 0, "w1", {"step": 1})
+    # A failed attempt keeps the progress: the next one goes on from there.
+    await store.delivery_failed(made.delivery_id, worker="w1", error="HTTP 503", retry_at=clock.now)
+    [again] = await store.claim_deliveries(worker="w2", lease=30)
+    assert (again.attempts, again.ref) == (1, {"step": 1})
+    await store.delivery_progress(made.delivery_id, worker="w2", ref={"step": 2})
+    # A dead claimant's progress is there for whoever claims the delivery after its lease.
+    clock.advance(30)
+    [taken] = await store.claim_deliveries(worker="w3", lease=30)
+    assert (taken.attempts, taken.ref) == (1, {"step": 2})
+    with pytest.raises(DeliveryLost):
+        await store.delivery_progress(made.delivery_id, worker="w2", ref={"step": 3})
+    sent = await store.delivered(made.delivery_id, worker="w3", ref={"step": 4})
+    assert sent.ref == {"step": 4}
+    with pytest.raises(DeliveryLost, match="sent already"):
+        await store.delivery_progress(made.delivery_id, worker="w3", ref={"step": 5})
+    # Given up, the delivery keeps what it got done (the messages a later update needs).
+    other = await store.create(request("call_2"))
+    [failing] = await store.announce(other.approval_id, "request", [HOOK])
+    await store.claim_deliveries(worker="w1", lease=30)
+    await store.delivery_progress(failing.delivery_id, worker="w1", ref={"step": 1})
+    gone = await store.delivery_failed(
+        failing.delivery_id, worker="w1", error="HTTP 410", retry_at=None
+    )
+    assert (gone.status, gone.ref) == ("failed", {"step": 1})

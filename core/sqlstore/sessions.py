@@ -1,0 +1,142 @@
+"""The web inbox's ended sessions in a SQL store (`SqlApprovalStore.sessions`): the
+`revocations` table, which every process on the database reads, so that a sign-out holds
+after a restart and on every replica.
+
+```python
+await store.sessions.revoke_session(session_id, until=expires)      # a sign-out
+await store.sessions.revoke_principal("ana@example.com", until=now + ttl)
+if await store.sessions.session_revoked(session_id, principal, issued_at): ...
+```
+
+The check runs on every request of the inbox: one query on the `revocations_subject` index.
+Each write first prunes what has expired (on `revocations_expiry`), so the table holds only
+revocations of sessions that could still be used.
+
+A module of its own beside the store, as `audit.py` is, with an engine of its own made on
+first use once the store has checked the schema: the store's hot path goes straight to the
+drivers (`sqlite.py`, `postgres.py`), which this leaves alone.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from datetime import datetime
+
+from sqlalchemy import and_, delete, insert, literal, or_, select, true
+from sqlalchemy.engine import URL
+from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
+
+from core.sqlstore.engine import translate_errors
+from core.sqlstore.schema import revocations
+from core.store import utc_now
+
+__all__ = ["SqlSessionRevocations"]
+
+_SESSION = "session"
+_PRINCIPAL = "principal"
+
+
+class SqlSessionRevocations:
+    """`core.store.SessionRevocations` in the `revocations` table of the database at `url`.
+
+    `ready` opens the store (checking or migrating its schema) before the first use; a write
+    waits up to `lock_timeout` seconds for another SQLite writer. Every failure of the
+    database is a `StoreUnavailableError`, which the inbox answers by trusting no session.
+    """
+
+    def __init__(
+        self,
+        url: URL,
+        *,
+        ready: Callable[[], Awaitable[object]],
+        clock: Callable[[], datetime] = utc_now,
+        lock_timeout: float = 30.0,
+    ) -> None:
+        self._url = url
+        self._ready = ready
+        self._clock = clock
+        self._lock_timeout = lock_timeout
+        self._engine: AsyncEngine | None = None
+        self._opening = asyncio.Lock()
+
+    async def revoke_session(
+        self, session_id: str, *, until: datetime, at: datetime | None = None
+    ) -> None:
+        await self._insert(_SESSION, session_id, None, until, at or self._clock())
+
+    async def revoke_principal(
+        self, principal: str, *, until: datetime, at: datetime | None = None
+    ) -> None:
+        now = at or self._clock()
+        await self._insert(_PRINCIPAL, principal.lower(), now, until, now)
+
+    async def session_revoked(
+        self, session_id: str, principal: str, issued_at: datetime | None
+    ) -> bool:
+        table = revocations.c
+        ended_by_principal = true() if issued_at is None else table.issued_before >= issued_at
+        query = (
+            select(literal(1))
+            .where(
+                or_(
+                    and_(table.kind == _SESSION, table.subject == session_id),
+                    and_(
+                        table.kind == _PRINCIPAL,
+                        table.subject == principal.lower(),
+                        ended_by_principal,
+                    ),
+                )
+            )
+            .limit(1)
+        )
+        engine = await self._opened()
+        with translate_errors(self._url):
+            async with engine.connect() as connection:
+                found = await connection.scalar(query)
+        return found is not None
+
+    async def close(self) -> None:
+        """Close the connections; they are opened again on the next use."""
+        engine, self._engine = self._engine, None
+        if engine is not None:
+            with translate_errors(self._url):
+                await engine.dispose()
+
+    async def _insert(
+        self,
+        kind: str,
+        subject: str,
+        issued_before: datetime | None,
+        until: datetime,
+        now: datetime,
+    ) -> None:
+        engine = await self._opened()
+        row = {
+            "kind": kind,
+            "subject": subject,
+            "issued_before": issued_before,
+            "expires_at": until,
+            "created_at": now,
+        }
+        with translate_errors(self._url):
+            async with engine.begin() as connection:
+                # Pruned here, where it costs one indexed DELETE of the few rows gone stale,
+                # rather than by a worker of its own.
+                await connection.execute(delete(revocations).where(revocations.c.expires_at <= now))
+                await connection.execute(insert(revocations).values(row))
+
+    async def _opened(self) -> AsyncEngine:
+        if self._engine is not None:
+            return self._engine
+        async with self._opening:
+            if self._engine is None:
+                await self._ready()
+                self._engine = self._connect()
+        return self._engine
+
+    def _connect(self) -> AsyncEngine:
+        if self._url.get_backend_name() == "sqlite":
+            # The schema check set WAL on the file; reads then never wait for writers.
+            return create_async_engine(self._url, connect_args={"timeout": self._lock_timeout})
+        return create_async_engine(self._url)
