@@ -21,6 +21,8 @@ __all__ = ["Listener", "Listening", "NotListening"]
 
 log = logging.getLogger(__name__)
 
+CONNECT_TIMEOUT = 10.0
+"""Seconds an attempt to connect may take before it counts as failed."""
 RETRY_FIRST = 0.1
 RETRY_MOST = 5.0
 """Seconds between attempts to listen again: doubling from the first to the most."""
@@ -49,6 +51,7 @@ class Listener(Listening):
         self._woken = woken
         self.connected = False
         self._lost = asyncio.Event()
+        self._current: asyncpg.Connection | None = None
         self._task: asyncio.Task[None] | None = None
 
     async def start(self) -> Listener:
@@ -65,13 +68,14 @@ class Listener(Listening):
         self.connected = False
 
     async def _connect(self) -> asyncpg.Connection:
-        connection = await asyncpg.connect(self._dsn)
+        connection = await asyncpg.connect(self._dsn, timeout=CONNECT_TIMEOUT)
         try:
             await connection.add_listener(self._channel, self._notified)
         except BaseException:
             await _close(connection)
             raise
         self._lost.clear()
+        self._current = connection
         connection.add_termination_listener(self._terminated)
         self.connected = True
         return connection
@@ -79,9 +83,12 @@ class Listener(Listening):
     def _notified(self, *_: object) -> None:
         self._woken()
 
-    def _terminated(self, *_: object) -> None:
-        self.connected = False
-        self._lost.set()
+    def _terminated(self, connection: object) -> None:
+        # asyncpg calls this from the loop, possibly late: a connection closed here after
+        # its successor was made must not mark the successor lost.
+        if connection is self._current:
+            self.connected = False
+            self._lost.set()
 
     async def _keep(self, connection: asyncpg.Connection) -> None:
         try:
@@ -100,7 +107,7 @@ class Listener(Listening):
         while True:
             try:
                 return await self._connect()
-            except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+            except Exception as exc:  # every driver failure, whatever asyncpg calls it
                 log.warning(
                     "cannot listen to the database yet (%s: %s); again in %.1f s",
                     type(exc).__name__,
@@ -116,5 +123,5 @@ async def _close(connection: asyncpg.Connection) -> None:
         return
     try:
         await asyncio.wait_for(connection.close(), 2)
-    except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError):
+    except Exception:  # closing a connection that broke: let it go without a goodbye
         connection.terminate()
