@@ -2,17 +2,28 @@
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV   := .venv
 BIN    := $(VENV)/bin
-LINTED := core bot tests examples $(wildcard bench)
+LINTED := nodbot/__init__.py core bot tests examples $(wildcard bench)
 
 .PHONY: demo test lint typecheck pytest bench clean
 
+# uv, when it is on the PATH, installs from its cache in seconds; pip otherwise.
+UV     := $(shell command -v uv)
+
 $(BIN)/python:
+	@echo "nodbot: creating the virtual environment $(VENV) with $(PYTHON)"
 	$(PYTHON) -m venv $(VENV)
 
 # Reinstall only when the project's metadata changes.
 $(VENV)/.installed: pyproject.toml | $(BIN)/python
+ifneq ($(UV),)
+	@echo "nodbot: installing nodbot and its packages into $(VENV) with uv"
+	$(UV) pip install --python $(BIN)/python -e '.[test]'
+else
+	@echo "nodbot: installing nodbot and its packages into $(VENV) with pip (uv is faster)"
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[test]'
+	$(BIN)/python -m pip install --progress-bar on -e '.[test]'
+endif
+	@echo "nodbot: installed; the nodbot command is $(BIN)/nodbot"
 	touch $@
 
 # The bot on SQLite with the example support agent; it prints how to decide the paused call.
@@ -24,7 +35,7 @@ lint: $(VENV)/.installed
 	$(BIN)/ruff format --check $(LINTED)
 
 typecheck: $(VENV)/.installed
-	$(BIN)/mypy core bot
+	$(BIN)/mypy -p nodbot
 
 pytest: $(VENV)/.installed
 	$(BIN)/pytest

@@ -64,8 +64,8 @@ from starlette.routing import Route  # noqa: E402
 
 from bench import bot_agent  # noqa: E402
 from bench.support import fresh_postgres, is_loopback, postgres_server  # noqa: E402
-from bot.serve import serving  # noqa: E402
-from bot.webhooks import InvalidSignature, verify_signature  # noqa: E402
+from nodbot.bot.serve import serving  # noqa: E402
+from nodbot.bot.webhooks import InvalidSignature, verify_signature  # noqa: E402
 
 POLL = 0.5
 """workers.poll of the bot, seconds: how often the workers look at the store unwoken."""

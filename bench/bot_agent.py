@@ -16,7 +16,7 @@ import time
 from collections import Counter
 from collections.abc import Sequence
 
-from core import (
+from nodbot.core import (
     Agent,
     AssistantMessage,
     ChatResponse,

@@ -52,7 +52,7 @@ if sys.path and Path(sys.path[0] or os.curdir).resolve() == ROOT / "bench":
     sys.path[0] = str(ROOT)
 
 from bench.support import fresh_postgres, postgres_server  # noqa: E402
-from core import (  # noqa: E402  (after the tracing switch above)
+from nodbot.core import (  # noqa: E402  (after the tracing switch above)
     ApprovalStore,
     Decision,
     DeferredApproval,

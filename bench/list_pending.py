@@ -26,8 +26,8 @@ import asyncpg
 from sqlalchemy import insert
 from sqlalchemy.ext.asyncio import create_async_engine
 
-from core import SqlApprovalStore
-from core.sqlstore.schema import approvals
+from nodbot.core import SqlApprovalStore
+from nodbot.core.sqlstore.schema import approvals
 
 RUNS = 2_000
 PER_RUN = 50

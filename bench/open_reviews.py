@@ -39,7 +39,7 @@ if sys.path and Path(sys.path[0] or os.curdir).resolve() == ROOT / "bench":
     sys.path[0] = str(ROOT)
 
 from bench.support import fresh_postgres, postgres_server  # noqa: E402
-from core import (  # noqa: E402
+from nodbot.core import (  # noqa: E402
     Agent,
     ChatResponse,
     DeferredApproval,
@@ -51,7 +51,7 @@ from core import (  # noqa: E402
     ToolRegistry,
     advance_run,
 )
-from core.sqlstore.schema import runs as runs_table  # noqa: E402
+from nodbot.core.sqlstore.schema import runs as runs_table  # noqa: E402
 
 SIZES = (0, 1_000, 10_000, 100_000)
 WORKER = "bench"

@@ -36,7 +36,7 @@ if sys.path and Path(sys.path[0] or os.curdir).resolve() == ROOT / "bench":
 import httpx  # noqa: E402
 
 from bench import bot_agent  # noqa: E402
-from bot.serve import serving  # noqa: E402
+from nodbot.bot.serve import serving  # noqa: E402
 from tests.fakes.slack import SlackFake, User, interactive_request, slack_fake  # noqa: E402
 
 GOAL_MS = 100.0

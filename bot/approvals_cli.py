@@ -1,5 +1,9 @@
 """`nodbot approvals list|show|decide`: the approvals of a configuration's store, from a shell.
 
+`list` and `show` give a reviewer's edit beside the original values (`amount 120.0 → 100`),
+since the edited values are what ran; `list --json` prints one JSON document, a list of the
+API's `ApprovalView`s, for scripts.
+
 A decision made here is a vote like one made over the API (channel `cli`), allowed by the
 same rules; a running bot picks it up (at once on PostgreSQL, within `workers.poll` on
 SQLite).
@@ -14,11 +18,12 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
-from bot.authorize import authorizer_for
-from bot.config import Config, load_agents, load_config
-from bot.slack.channel import SlackChannel
-from bot.store import store_for
-from core import (
+from nodbot.bot.authorize import authorizer_for
+from nodbot.bot.config import Config, load_agents, load_config
+from nodbot.bot.http.schemas import ApprovalView
+from nodbot.bot.slack.channel import SlackChannel
+from nodbot.bot.store import store_for
+from nodbot.core import (
     ApprovalRecord,
     ApprovalStatus,
     Decision,
@@ -49,6 +54,9 @@ def add_approvals_commands(commands: Any) -> None:
     listing.add_argument("--status", choices=["pending", "approved", "denied"])
     listing.add_argument("--run", help="only the approvals of this run")
     listing.add_argument("--limit", type=int, default=50)
+    listing.add_argument(
+        "--json", action="store_true", help="one JSON list of the API's approval views"
+    )
     show = actions.add_parser("show", help="one approval, its arguments and its events")
     show.add_argument("approval_id")
     decide = actions.add_parser("decide", help="approve, edit or deny an approval")
@@ -68,6 +76,9 @@ async def run_approvals_command(arguments: argparse.Namespace) -> str:
         if arguments.action == "list":
             status: ApprovalStatus | None = arguments.status
             records = await store.list(run_id=arguments.run, status=status, limit=arguments.limit)
+            if arguments.json:
+                views = [ApprovalView.of(record).model_dump(mode="json") for record in records]
+                return json.dumps(views, ensure_ascii=False, indent=2)
             return _table(records)
         if arguments.action == "show":
             record = await store.get(arguments.approval_id)
@@ -124,23 +135,38 @@ def _os_user() -> str:
 
 
 def _table(records: Sequence[ApprovalRecord]) -> str:
-    rows = [("APPROVAL", "STATUS", "TOOL", "RUN", "ARGUMENTS")]
-    rows += [
-        (
-            record.approval_id,
-            record.status,
-            record.request.tool,
-            record.request.run_id,
-            json.dumps(record.request.arguments, ensure_ascii=False)[:60],
+    rows = [("APPROVAL", "STATUS", "TOOL", "RUN", "DECIDED BY", "ARGUMENTS")]
+    for record in records:
+        arguments = json.dumps(record.request.arguments, ensure_ascii=False)[:60]
+        edit = _edit(record)
+        decided_by = record.decision.decided_by if record.decision is not None else None
+        rows.append(
+            (
+                record.approval_id,
+                record.status,
+                record.request.tool,
+                record.request.run_id,
+                decided_by or "-",
+                f"{arguments}  edited: {edit}" if edit else arguments,
+            )
         )
-        for record in records
-    ]
-    widths = [max(len(row[column]) for row in rows) for column in range(4)]
+    widths = [max(len(row[column]) for row in rows) for column in range(5)]
     return "\n".join(
-        "  ".join(cell.ljust(width) for cell, width in zip(row[:4], widths, strict=True))
+        "  ".join(cell.ljust(width) for cell, width in zip(row[:5], widths, strict=True))
         + "  "
-        + row[4]
+        + row[5]
         for row in rows
+    )
+
+
+def _edit(record: ApprovalRecord) -> str:
+    """The reviewer's changes, each beside the value it replaced: `amount 120.0 → 100`."""
+    edited = record.decision.edited_args if record.decision is not None else None
+    original = record.request.arguments
+    return ", ".join(
+        f"{name} {json.dumps(original.get(name), ensure_ascii=False)} → "
+        f"{json.dumps(value, ensure_ascii=False)}"
+        for name, value in (edited or {}).items()
     )
 
 
@@ -151,11 +177,13 @@ def _describe(record: ApprovalRecord) -> str:
         decided = f"{record.status} by {decision.decided_by}"
         if decision.reason:
             decided += f": {decision.reason}"
-    return "\n".join(
-        [
-            f"approval {record.approval_id} ({decided})",
-            f"  run {record.request.run_id}, call {record.request.call_id}, "
-            f"asked by {record.request.requested_by or 'nobody known'}",
-            f"  {record.request.tool} {json.dumps(record.request.arguments, ensure_ascii=False)}",
-        ]
-    )
+    lines = [
+        f"approval {record.approval_id} ({decided})",
+        f"  run {record.request.run_id}, call {record.request.call_id}, "
+        f"asked by {record.request.requested_by or 'nobody known'}",
+        f"  {record.request.tool} {json.dumps(record.request.arguments, ensure_ascii=False)}",
+    ]
+    edit = _edit(record)
+    if edit:
+        lines.append(f"  edited: {edit}")
+    return "\n".join(lines)

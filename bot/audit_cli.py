@@ -22,9 +22,9 @@ import sys
 from collections.abc import Iterator
 from typing import Any, TextIO
 
-from bot.config import load_config
-from core import NodbotError
-from core.sqlstore.audit import AuditReport, export, verify
+from nodbot.bot.config import load_config
+from nodbot.core import NodbotError
+from nodbot.core.sqlstore.audit import AuditReport, export, verify
 
 __all__ = ["AuditCommandError", "add_audit_commands", "key_from_environment", "run_audit_command"]
 

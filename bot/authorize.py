@@ -29,16 +29,16 @@ from typing import TYPE_CHECKING
 from aiohttp import ClientError
 from slack_sdk.errors import SlackApiError
 
-from bot.config import Config, parse_reviewer
-from bot.config.values import Reviewer
-from bot.people import IdentityUnavailable, People, Person
-from bot.policy import SELF_APPROVAL_REASON, rule_refusal
-from bot.slack.directory import Directory
-from core import ApprovalRecord, Decision, RunNotFound, RunStore, StoreError
+from nodbot.bot.config import Config, parse_reviewer
+from nodbot.bot.config.values import Reviewer
+from nodbot.bot.people import IdentityUnavailable, People, Person
+from nodbot.bot.policy import SELF_APPROVAL_REASON, rule_refusal
+from nodbot.bot.slack.directory import Directory
+from nodbot.core import ApprovalRecord, Decision, RunNotFound, RunStore, StoreError
 
 if TYPE_CHECKING:
-    from bot.slack.channel import SlackChannel
-from core.store import utc_now
+    from nodbot.bot.slack.channel import SlackChannel
+from nodbot.core.store import utc_now
 
 __all__ = [
     "NOT_A_REVIEWER",

@@ -25,8 +25,8 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from bot.config.predicates import ORIGINAL, BoundSpec
-from core import merge_edit
+from nodbot.bot.config.predicates import ORIGINAL, BoundSpec
+from nodbot.core import merge_edit
 
 __all__ = ["edit_refusal", "parse_bounds"]
 

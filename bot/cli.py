@@ -5,26 +5,52 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import json
 import sys
 from collections.abc import Sequence
+from typing import NoReturn
 
-from bot.approvals_cli import add_approvals_commands, run_approvals_command
-from bot.audit_cli import add_audit_commands, key_from_environment, run_audit_command
-from bot.config import ConfigError, load_config, trust_warnings
-from bot.config.agents import report_agents
-from bot.runs_cli import add_runs_commands, run_runs_command
-from bot.serve import serve
-from bot.sessions_cli import add_sessions_commands, run_sessions_command
-from bot.web import sign_in_link
-from core import NodbotError, SqlApprovalStore, __version__
-from core.sqlstore import head_revision
+from nodbot.bot.approvals_cli import add_approvals_commands, run_approvals_command
+from nodbot.bot.audit_cli import add_audit_commands, key_from_environment, run_audit_command
+from nodbot.bot.config import ConfigError, load_config, trust_warnings
+from nodbot.bot.config.agents import report_agents
+from nodbot.bot.init_cli import add_init_command, run_init_command
+from nodbot.bot.runs_cli import add_runs_commands, run_runs_command
+from nodbot.bot.serve import CannotListen, serve
+from nodbot.bot.sessions_cli import add_sessions_commands, run_sessions_command
+from nodbot.bot.web import sign_in_link
+from nodbot.core import NodbotError, SqlApprovalStore, __version__
+from nodbot.core.sqlstore import head_revision
 
 DEFAULT_STORE = "sqlite:///nodbot.db"
+
+USAGE_ERROR = 2
+"""The exit status of a mistake in the command line (argparse's own)."""
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse's parser, saying a mistake in one line (and where to read more), exit 2."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(USAGE_ERROR, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def port_number(text: str) -> int:
+    """A TCP port: 0 (pick a free one) to 65535."""
+    try:
+        port = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a port number: {text!r}") from None
+    if not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError(
+            f"{port} is not a port: use 0 to 65535 (0 picks a free one)"
+        )
+    return port
 
 
 def build_parser() -> argparse.ArgumentParser:
     """The command line: subcommands are added here as the bot grows."""
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="nodbot",
         description="A self-hosted approval bot: risky tool calls wait for a person.",
     )
@@ -61,7 +87,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     serve.add_argument("--config", default="nodbot.yml", metavar="FILE", help="nodbot.yml")
     serve.add_argument("--host", help="listen address (default: server.host of the file)")
-    serve.add_argument("--port", type=int, help="port (default: server.port; 0 picks one)")
+    serve.add_argument("--port", type=port_number, help="port (default: server.port; 0 picks one)")
     link = commands.add_parser(
         "inbox-link",
         help="print a link that signs a reviewer in to the web inbox",
@@ -79,6 +105,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_runs_commands(commands)
     add_audit_commands(commands)
     add_sessions_commands(commands)
+    add_init_command(commands)
     return parser
 
 
@@ -129,10 +156,36 @@ def _serve(config_file: str, host: str | None, port: int | None) -> None:
         asyncio.run(serve(config_file, host=host, port=port, announce=announce))
 
 
+def _decision_mistake(arguments: argparse.Namespace) -> str | None:
+    """`approvals decide`: what is wrong with `--arguments` (a JSON object, given for an
+    edit and only then), or None."""
+    text, action = arguments.arguments, arguments.action
+    if action == "edit" and text is None:
+        return "an edit needs --arguments, the values to change, e.g. '{\"amount\": 100}'"
+    if text is None:
+        return None
+    if action != "edit":
+        return f"--arguments is for edit only, not {action}"
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        return f"argument --arguments: not valid JSON: {exc.msg} (column {exc.colno})"
+    except RecursionError:
+        return "argument --arguments: not valid JSON: nested too deeply"
+    if not isinstance(value, dict):
+        return f"argument --arguments: a JSON object is needed, not {type(value).__name__}"
+    return None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command; returns the exit status."""
     parser = build_parser()
     arguments = parser.parse_args(argv)
+    if arguments.command == "approvals" and getattr(arguments, "principal", None) is not None:
+        mistake = _decision_mistake(arguments)
+        if mistake is not None:
+            prog = "nodbot approvals decide"
+            parser.exit(USAGE_ERROR, f"{prog}: error: {mistake} (see {prog} --help)\n")
     if arguments.command is None:
         parser.print_help(sys.stdout)
         return 0
@@ -145,6 +198,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(asyncio.run(run_approvals_command(arguments)))
         elif arguments.command == "runs":
             print(asyncio.run(run_runs_command(arguments)))
+        elif arguments.command == "init":
+            print(run_init_command(arguments))
         elif arguments.command == "sessions":
             print(asyncio.run(run_sessions_command(arguments)))
         elif arguments.command == "audit":
@@ -157,6 +212,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         for problem in error.problems:
             print(problem, file=sys.stderr)
         return 1
+    except CannotListen as error:
+        print(f"nodbot: {error}", file=sys.stderr)
+        return USAGE_ERROR
     except NodbotError as error:
         print(f"nodbot: {error}", file=sys.stderr)
         return 1

@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
 from typing import Any, Literal, Protocol, TypeAlias
 
-from core import (
+from nodbot.core import (
     ApprovalNotFound,
     ApprovalRecord,
     ApprovalStore,
@@ -26,7 +26,7 @@ from core import (
     NewDelivery,
     Outbox,
 )
-from core.store import utc_now
+from nodbot.core.store import utc_now
 
 __all__ = [
     "Channel",
@@ -151,6 +151,8 @@ class Dispatcher:
         while announcements := await self.store.unannounced(limit=ANNOUNCE_BATCH):
             for announcement in announcements:
                 record, stage = announcement.record, announcement.stage
+                if stage == "request":
+                    _log_opened(record)
                 wanted = [d for c in self.channels.values() for d in c.targets(record, stage)]
                 made += len(await self.store.announce(record.approval_id, stage, wanted))
             if len(announcements) < ANNOUNCE_BATCH:
@@ -198,6 +200,7 @@ class Dispatcher:
                 log.warning("delivered, but %s", exc)  # another worker took it over: it repeats
                 return False
             self.counters["deliveries_sent"] += 1
+            log.info("delivery sent", extra=_delivery_fields(delivery))
             return True
 
     async def _failed(self, delivery: Delivery, exc: Exception) -> bool:
@@ -210,12 +213,12 @@ class Dispatcher:
                 wait = max(wait, retry_after)
             retry_at = self._clock() + timedelta(seconds=wait)
         log.warning(
-            "delivery %s to %s failed (attempt %s): %s; %s",
-            delivery.delivery_id,
-            delivery.target,
-            delivery.attempts + 1,
-            exc,
-            "given up" if retry_at is None else f"tried again at {retry_at:%H:%M:%S}",
+            "delivery given up" if retry_at is None else "delivery failed",
+            extra={
+                **_delivery_fields(delivery),
+                "error": str(exc),
+                "retry_at": None if retry_at is None else retry_at.isoformat(),
+            },
         )
         self.counters["deliveries_failed"] += 1
         try:
@@ -225,3 +228,28 @@ class Dispatcher:
         except DeliveryLost as lost:
             log.warning("could not record the failure: %s", lost)
         return False
+
+
+def _log_opened(record: ApprovalRecord) -> None:
+    """Logged when the review is first announced: once per review, whichever process made it."""
+    request = record.request
+    log.info(
+        "review opened",
+        extra={
+            "approval_id": record.approval_id,
+            "run_id": request.run_id,
+            "tool": request.tool,
+            "requested_by": request.requested_by,
+            "reviewers": request.policy.get("reviewers"),
+        },
+    )
+
+
+def _delivery_fields(delivery: Delivery) -> dict[str, Any]:
+    return {
+        "delivery_id": delivery.delivery_id,
+        "approval_id": delivery.approval_id,
+        "kind": delivery.kind,
+        "target": delivery.target,
+        "attempt": delivery.attempts + 1,
+    }

@@ -26,8 +26,8 @@ from dataclasses import dataclass
 from aiohttp import ClientError
 from slack_sdk.errors import SlackApiError
 
-from bot.config.values import normalize_handle
-from bot.slack.directory import Directory
+from nodbot.bot.config.values import normalize_handle
+from nodbot.bot.slack.directory import Directory
 
 __all__ = ["IdentityUnavailable", "People", "Person", "normalize_handle"]
 

@@ -23,10 +23,10 @@ from dataclasses import replace
 from datetime import datetime, timedelta
 from typing import Any
 
-from bot.bounds import edit_refusal
-from bot.config import Config
-from bot.config.models import ReviewPolicy
-from core import (
+from nodbot.bot.bounds import edit_refusal
+from nodbot.bot.config import Config
+from nodbot.bot.config.models import ReviewPolicy
+from nodbot.core import (
     ApprovalRecord,
     ApprovalRequest,
     ApprovalStore,
@@ -40,7 +40,7 @@ from core import (
     ToolRegistry,
     merge_edit,
 )
-from core.store import utc_now
+from nodbot.core.store import utc_now
 
 __all__ = [
     "SELF_APPROVAL_REASON",

@@ -11,10 +11,10 @@ import argparse
 import json
 from typing import Any
 
-from bot.config import ConfigError, check_agents, load_agents, load_config
-from bot.service import BotService, UnknownAgentError
-from bot.store import store_for
-from core import ConfigurationError, RunRecord, ToolMessage
+from nodbot.bot.config import ConfigError, check_agents, load_agents, load_config
+from nodbot.bot.service import BotService, UnknownAgentError
+from nodbot.bot.store import store_for
+from nodbot.core import ConfigurationError, RunRecord, ToolMessage
 
 __all__ = ["add_runs_commands", "run_runs_command"]
 

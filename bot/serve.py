@@ -5,26 +5,36 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import logging
+import socket
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 
 import uvicorn
 
-from bot.authorize import authorizer_for
-from bot.config import ConfigError, load_agents, load_config, trust_warnings
-from bot.config.agents import report_agents
-from bot.http import create_app
-from bot.outbox import Channel
-from bot.service import BotService
-from bot.slack.channel import SlackChannel
-from bot.slack.reviews import SlackReviews, connect_socket_mode
-from bot.store import store_for
-from bot.web import WebInbox
-from bot.webhooks import WebhookChannel
-from core import ToolRegistry
+from nodbot.bot.authorize import authorizer_for
+from nodbot.bot.config import (
+    Config,
+    ConfigError,
+    load_agents,
+    load_config,
+    trust_warnings,
+    undecidable_warning,
+)
+from nodbot.bot.config.agents import report_agents
+from nodbot.bot.http import create_app
+from nodbot.bot.logs import config_secrets, configure_logging
+from nodbot.bot.outbox import Channel
+from nodbot.bot.service import BotService
+from nodbot.bot.slack.channel import SlackChannel
+from nodbot.bot.slack.reviews import SlackReviews, connect_socket_mode
+from nodbot.bot.store import store_for
+from nodbot.bot.web import WebInbox
+from nodbot.bot.webhooks import WebhookChannel
+from nodbot.core import ToolRegistry
 
-__all__ = ["Served", "serve", "serving"]
+__all__ = ["CannotListen", "Served", "serve", "serving"]
 
 log = logging.getLogger(__name__)
 
@@ -51,19 +61,51 @@ class Served:
 
 @contextlib.asynccontextmanager
 async def serving(
-    config_file: str, *, host: str | None = None, port: int | None = None
+    config_file: str,
+    *,
+    host: str | None = None,
+    port: int | None = None,
+    configure_logs: bool = False,
 ) -> AsyncIterator[Served]:
-    """Start the bot of `config_file` (port 0 picks a free port) and stop it on exit.
+    """Start the bot of `config_file` (port 0 picks a free port) and stop it on exit. With
+    `configure_logs`, the file's `log:` section is applied to the process's logging, as
+    `nodbot serve` does; code that serves a bot inside a process of its own (tests) keeps
+    that process's logging as it is.
 
-    Raises `ConfigError` listing every problem of the file or its agents, and `StoreError`
+    Raises `ConfigError` listing every problem of the file or its agents, `CannotListen`
+    when the address cannot be listened on (before anything else is done), and `StoreError`
     when the store cannot be used.
     """
     config = load_config(config_file)
+    listening = _listen(
+        host or config.server.host,
+        config.server.port if port is None else port,
+        config_file,
+        given="--port" if port is not None else None,
+    )
+    try:
+        async with _serving(config, listening, host, configure_logs) as served:
+            yield served
+    finally:
+        listening.close()  # uvicorn closed it when it served; not if it never got that far
+
+
+@contextlib.asynccontextmanager
+async def _serving(
+    config: Config,
+    listening: socket.socket,
+    host: str | None,
+    configure_logs: bool,
+) -> AsyncIterator[Served]:
+    if configure_logs:
+        configure_logging(config.log, secrets=config_secrets(config))
     report = report_agents(config)
     if report.problems:
         raise ConfigError(report.problems)
-    for warning in [*trust_warnings(config, host=host), *report.warnings]:
-        log.warning("%s", warning)
+    undecidable = undecidable_warning(config)
+    for warning in [*trust_warnings(config, host=host), *report.warnings, undecidable]:
+        if warning is not None:
+            log.warning("%s", warning)
     agents, _ = load_agents(config)
     store = store_for(config)
     try:
@@ -97,34 +139,51 @@ async def serving(
             inbox=inbox,
             slack=slack if config.slack is not None and config.slack.mode == "http" else None,
         )
-        server = _Server(
-            uvicorn.Config(
-                app,
-                host=host or config.server.host,
-                port=config.server.port if port is None else port,
-                log_level="warning",
-            )
+        # uvicorn's own records go through the bot's handler (log_config=None: one format,
+        # one stream), and the bot logs each request itself (`AccessLog`).
+        config_of_server = uvicorn.Config(
+            app, log_level="warning", log_config=None, access_log=False
         )
+        server = _Server(config_of_server)
         stop = asyncio.Event()
-        serving_task = asyncio.create_task(server.serve())
+        serving_task = asyncio.create_task(server.serve(sockets=[listening]))
         working_task = asyncio.create_task(service.work(stop))
-        socket = None
+        socket_mode = None
         try:
             await _started(server, serving_task)
             if slack is not None and config.slack is not None and config.slack.mode == "socket":
-                socket = await connect_socket_mode(slack, config.slack)
+                socket_mode = await connect_socket_mode(slack, config.slack)
             bound_host, bound_port = server.servers[0].sockets[0].getsockname()[:2]
             url = f"http://{bound_host}:{bound_port}"
             yield Served(url, store.display_url, service, serving_task, inbox)
         finally:
-            if socket is not None:
-                await socket.close_async()  # type: ignore[no-untyped-call]
+            if socket_mode is not None:
+                await socket_mode.close_async()  # type: ignore[no-untyped-call]
             server.should_exit = True
             stop.set()
             await asyncio.gather(serving_task, working_task, return_exceptions=True)
             await service.close()
     finally:
         await store.close()
+
+
+class CannotListen(OSError):
+    """The bot's address cannot be listened on (in use, not this machine's, not allowed)."""
+
+
+def _listen(host: str, port: int, config_file: str, *, given: str | None) -> socket.socket:
+    """A socket bound to `host`:`port`, listening; bound here rather than by uvicorn so that a
+    port in use is said in one line naming it and how to pick another."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    try:
+        return socket.create_server((host, port), family=family, backlog=2048)
+    except OSError as exc:
+        where = given or f"server.port of {config_file}"
+        why = "is in use" if exc.errno == errno.EADDRINUSE else f"cannot be used ({exc.strerror})"
+        raise CannotListen(
+            f"{host}:{port} {why}; pick another port with --port N or in server.port "
+            f"(0 picks a free one); the port came from {where}"
+        ) from None
 
 
 class _Server(uvicorn.Server):
@@ -155,6 +214,6 @@ async def serve(
     announce: Callable[[str], None] = print,
 ) -> None:
     """Run the bot until the process is told to stop (Ctrl-C, SIGTERM)."""
-    async with serving(config_file, host=host, port=port) as served:
+    async with serving(config_file, host=host, port=port, configure_logs=True) as served:
         announce(f"nodbot: serving {served.url} (store {served.store_url})")
         await asyncio.shield(served.stopped)

@@ -25,10 +25,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from bot.config import Config
-from bot.outbox import Channel, Dispatcher, OutboxStore
-from bot.policy import rules_executor
-from core import (
+from nodbot.bot.config import Config
+from nodbot.bot.outbox import Channel, Dispatcher, OutboxStore
+from nodbot.bot.policy import rules_executor
+from nodbot.core import (
     Agent,
     Executor,
     RunConflict,
@@ -38,7 +38,7 @@ from core import (
     ToolRegistry,
     advance_run,
 )
-from core.sqlstore.notices import Listening
+from nodbot.core.sqlstore.notices import Listening
 
 __all__ = ["BotService", "BotStore", "UnknownAgentError", "WorkerHealth"]
 
@@ -293,6 +293,7 @@ class BotService:
         return advanced
 
     async def _advance(self, run: RunRecord) -> RunRecord:
+        before = run.status
         try:
             run = await self._advance_once(run)
         except StoreError:
@@ -300,6 +301,15 @@ class BotService:
             raise
         finally:
             self._changed(run.run_id)
+        log.info(
+            "run step",
+            extra={
+                "run_id": run.run_id,
+                "agent": run.agent,
+                "status_before": before,
+                "status_after": run.status,
+            },
+        )
         if run.status == "finished":
             try:
                 await self.dispatcher.answer(run.run_id)  # delivered by this step's dispatch

@@ -16,10 +16,10 @@ import argparse
 from datetime import timedelta
 from typing import Any
 
-from bot.config import load_config
-from bot.store import store_for
-from core import ConfigurationError
-from core.store import utc_now
+from nodbot.bot.config import load_config
+from nodbot.bot.store import store_for
+from nodbot.core import ConfigurationError
+from nodbot.core.store import utc_now
 
 __all__ = ["add_sessions_commands", "run_sessions_command"]
 

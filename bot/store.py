@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from bot.config import Config
-from core import SqlApprovalStore
+from nodbot.bot.config import Config
+from nodbot.core import SqlApprovalStore
 
 __all__ = ["store_for"]
 

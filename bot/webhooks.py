@@ -31,10 +31,10 @@ from typing import Any
 
 import httpx
 
-from bot.config import Webhook, WebhookEvent
-from bot.http.schemas import ApprovalView
-from bot.outbox import DeliveryError, Moment, retry_after
-from core import ApprovalRecord, Delivery, NewDelivery, __version__
+from nodbot.bot.config import Webhook, WebhookEvent
+from nodbot.bot.http.schemas import ApprovalView
+from nodbot.bot.outbox import DeliveryError, Moment, retry_after
+from nodbot.core import ApprovalRecord, Delivery, NewDelivery, __version__
 
 __all__ = ["SIGNATURE_VERSION", "InvalidSignature", "WebhookChannel", "sign", "verify_signature"]
 

@@ -6,8 +6,9 @@ imports the bot, Slack, SMTP or Jinja2.
 
 from __future__ import annotations
 
-from core.calls import ToolCall, ToolContext, ToolError, ToolResult
-from core.decisions import (
+from nodbot.core.calls import ToolCall, ToolContext, ToolError, ToolResult
+from nodbot.core.chat_completions import ChatCompletionsModel
+from nodbot.core.decisions import (
     Decision,
     ToolDecision,
     ToolInterrupt,
@@ -16,7 +17,7 @@ from core.decisions import (
     check_edit_arguments,
     merge_edit,
 )
-from core.errors import (
+from nodbot.core.errors import (
     ApprovalAlreadyConsumed,
     ApprovalAlreadyDecided,
     ApprovalAlreadyVoted,
@@ -41,8 +42,8 @@ from core.errors import (
     ToolUsageError,
     UnknownToolError,
 )
-from core.executor import Executor
-from core.loop import (
+from nodbot.core.executor import Executor
+from nodbot.core.loop import (
     Agent,
     AssistantMessage,
     ChatModel,
@@ -56,8 +57,8 @@ from core.loop import (
     ToolMessage,
     run_tool_loop,
 )
-from core.outbox import Announcement, Delivery, NewDelivery, Outbox
-from core.ports import (
+from nodbot.core.outbox import Announcement, Delivery, NewDelivery, Outbox
+from nodbot.core.ports import (
     ApprovalPort,
     AutoDeny,
     CallbackApproval,
@@ -66,7 +67,7 @@ from core.ports import (
     PortAnswer,
     Waiting,
 )
-from core.rules import (
+from nodbot.core.rules import (
     InterruptRule,
     Predicate,
     all_fields,
@@ -79,9 +80,9 @@ from core.rules import (
     matches,
     should_interrupt,
 )
-from core.runs import MemoryRunStore, RunRecord, RunStatus, RunStore, advance_run
-from core.sqlstore import SqlApprovalStore
-from core.store import (
+from nodbot.core.runs import MemoryRunStore, RunRecord, RunStatus, RunStore, advance_run
+from nodbot.core.sqlstore import SqlApprovalStore
+from nodbot.core.store import (
     ApprovalEvent,
     ApprovalRecord,
     ApprovalRequest,
@@ -91,8 +92,8 @@ from core.store import (
     ClaimOutcome,
     MemoryApprovalStore,
 )
-from core.tools import Effects, Tool, ToolRegistry, ToolSpec, arguments_digest
-from core.waiting import wait_for_decision
+from nodbot.core.tools import Effects, Tool, ToolRegistry, ToolSpec, arguments_digest
+from nodbot.core.waiting import wait_for_decision
 
 __version__ = "0.1.0"
 
@@ -117,6 +118,7 @@ __all__ = [
     "AssistantMessage",
     "AutoDeny",
     "CallbackApproval",
+    "ChatCompletionsModel",
     "ChatModel",
     "ChatResponse",
     "Claim",

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 if TYPE_CHECKING:
-    from core.executor import Executor
+    from nodbot.core.executor import Executor
 
 __all__ = ["ToolCall", "ToolContext", "ToolError", "ToolResult", "new_id"]
 

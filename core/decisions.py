@@ -28,7 +28,7 @@ from pydantic import (
     field_validator,
 )
 
-from core.errors import InvalidDecisionError
+from nodbot.core.errors import InvalidDecisionError
 
 __all__ = [
     "Decision",

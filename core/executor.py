@@ -22,9 +22,9 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
-from core.calls import ToolCall, ToolContext, ToolError, ToolResult, new_id
-from core.decisions import as_decision, merge_edit
-from core.errors import (
+from nodbot.core.calls import ToolCall, ToolContext, ToolError, ToolResult, new_id
+from nodbot.core.decisions import as_decision, merge_edit
+from nodbot.core.errors import (
     ApprovalDenied,
     ApprovalPending,
     ConfigurationError,
@@ -32,10 +32,10 @@ from core.errors import (
     StoreError,
     ToolExecutionError,
 )
-from core.ports import NO_PORT_REASON, ApprovalPort, Decided, DeferredApproval, Waiting
-from core.rules import InterruptRule, should_interrupt
-from core.store import ApprovalRecord, ApprovalRequest, Evidence
-from core.tools import Tool, ToolRegistry, ValidatedArguments, arguments_digest
+from nodbot.core.ports import NO_PORT_REASON, ApprovalPort, Decided, DeferredApproval, Waiting
+from nodbot.core.rules import InterruptRule, should_interrupt
+from nodbot.core.store import ApprovalRecord, ApprovalRequest, Evidence
+from nodbot.core.tools import Tool, ToolRegistry, ValidatedArguments, arguments_digest
 
 __all__ = ["Executor"]
 
@@ -128,9 +128,27 @@ class Executor:
             tool = self.registry.get(record.request.tool)
             merged = merge_edit(record.request.arguments, decision.edited_args)
             tool.validate(merged, source="edited arguments")
-        return await store.vote(
+        record = await store.vote(
             approval_id, decision, channel=channel, person=person, evidence=evidence
         )
+        # Logged here, where every channel's decisions are recorded: once each.
+        action = "approve" if decision.approved else "deny"
+        if decision.edited_args is not None:
+            action = "edit"  # only an approval carries an edit
+        log.info(
+            "decision",
+            extra={
+                "approval_id": approval_id,
+                "run_id": record.request.run_id,
+                "tool": record.request.tool,
+                "decided_by": decision.decided_by,
+                "person": person,
+                "action": action,
+                "channel": channel,
+                "approval_status": record.status,
+            },
+        )
+        return record
 
     async def needs_review(self, tool: Tool, call: ToolCall, ctx: ToolContext) -> bool:
         """Whether the call must wait for a decision. A rule that raises means yes."""

@@ -21,13 +21,13 @@ from typing import Annotated, Any, Literal, Protocol, TypeAlias, runtime_checkab
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic_core import to_jsonable_python
 
-from core.calls import ToolCall, ToolContext, ToolResult
-from core.decisions import ToolInterrupt
-from core.errors import ConfigurationError
-from core.executor import Executor
-from core.ports import ApprovalPort
-from core.rules import InterruptRule
-from core.tools import ToolRegistry, ToolSpec
+from nodbot.core.calls import ToolCall, ToolContext, ToolResult
+from nodbot.core.decisions import ToolInterrupt
+from nodbot.core.errors import ConfigurationError
+from nodbot.core.executor import Executor
+from nodbot.core.ports import ApprovalPort
+from nodbot.core.rules import InterruptRule
+from nodbot.core.tools import ToolRegistry, ToolSpec
 
 __all__ = [
     "Agent",

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal, Protocol, TypeAlias, runtime_checkable
 
-from core.store import ApprovalRecord
+from nodbot.core.store import ApprovalRecord
 
 __all__ = [
     "Announcement",

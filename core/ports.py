@@ -16,10 +16,10 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Protocol, TypeAlias, runtime_checkable
 
-from core.decisions import Decision, as_decision
-from core.errors import ApprovalMismatchError
-from core.retrying import until_written
-from core.store import CONCURRENT_USE_REASON, ApprovalRecord, ApprovalRequest, ApprovalStore
+from nodbot.core.decisions import Decision, as_decision
+from nodbot.core.errors import ApprovalMismatchError
+from nodbot.core.retrying import until_written
+from nodbot.core.store import CONCURRENT_USE_REASON, ApprovalRecord, ApprovalRequest, ApprovalStore
 
 __all__ = [
     "NO_PORT_REASON",

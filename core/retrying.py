@@ -16,7 +16,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
-from core.errors import StoreUnavailableError
+from nodbot.core.errors import StoreUnavailableError
 
 __all__ = ["RETRY_FIRST", "RETRY_MOST", "until_written"]
 

@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeAlias
 
-from core.errors import ConfigurationError
+from nodbot.core.errors import ConfigurationError
 
 __all__ = [
     "ArgumentTest",

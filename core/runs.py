@@ -26,12 +26,12 @@ from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import Literal, Protocol, TypeAlias, runtime_checkable
 
-from core.calls import new_id
-from core.errors import RunConflict, RunNotFound, StoreError
-from core.executor import Executor
-from core.loop import Agent, Message, run_tool_loop
-from core.retrying import until_written
-from core.store import MemoryApprovalStore, utc_now
+from nodbot.core.calls import new_id
+from nodbot.core.errors import RunConflict, RunNotFound, StoreError
+from nodbot.core.executor import Executor
+from nodbot.core.loop import Agent, Message, run_tool_loop
+from nodbot.core.retrying import until_written
+from nodbot.core.store import MemoryApprovalStore, utc_now
 
 __all__ = [
     "DEFAULT_LEASE",

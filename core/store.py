@@ -27,9 +27,9 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any, Literal, Protocol, TypeAlias, runtime_checkable
 
-from core.calls import new_id
-from core.decisions import Decision, ToolInterrupt
-from core.errors import (
+from nodbot.core.calls import new_id
+from nodbot.core.decisions import Decision, ToolInterrupt
+from nodbot.core.errors import (
     ApprovalAlreadyConsumed,
     ApprovalAlreadyDecided,
     ApprovalAlreadyVoted,

@@ -25,8 +25,8 @@ from typing import Any, Literal, TypeAlias, get_type_hints, overload
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 
-from core.calls import ToolCall, ToolContext
-from core.errors import ConfigurationError, InvalidArgumentsError, UnknownToolError
+from nodbot.core.calls import ToolCall, ToolContext
+from nodbot.core.errors import ConfigurationError, InvalidArgumentsError, UnknownToolError
 
 __all__ = [
     "ConfirmRule",

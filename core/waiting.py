@@ -18,7 +18,7 @@ import asyncio
 import contextlib
 from collections.abc import Awaitable, Callable
 
-from core.store import ApprovalRecord, ApprovalStore
+from nodbot.core.store import ApprovalRecord, ApprovalStore
 
 __all__ = ["wait_for_decision"]
 

@@ -3,10 +3,12 @@
 Starts nodbot on a SQLite file with the example support agent, starts a run whose refund of
 120.0 pauses for review, and prints a link that signs you in to the web inbox, where you
 approve, edit or deny it (or the curl commands that do the same over the HTTP API). When you
-have decided, it shows the run finish. Ctrl-C stops it.
+have decided, it shows the run finish, and keeps serving (the inbox shows the decision and
+the tool's result) until Ctrl-C, when it says it stopped.
 
     python examples/bot_demo.py                  # you decide, in the inbox or with curl
-    python examples/bot_demo.py --auto edit      # it decides for you (approve, edit, deny)
+    python examples/bot_demo.py --auto edit      # it decides for you (approve, edit, deny),
+                                                 # and ends once the run has finished
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from typing import Any
 
 import httpx
 
-from bot.serve import serving
+from nodbot.bot.serve import serving
 
 ROOT = Path(__file__).resolve().parents[1]
 REVIEWER = "demo-lead@example.com"
@@ -71,7 +73,7 @@ def instructions(url: str, token: str, approval_id: str, link: str) -> str:
     )
 
 
-async def demo(auto: str | None, port: int) -> None:
+async def demo(auto: str | None, port: int, keep_serving: bool) -> None:
     token = secrets.token_urlsafe(16)
     web_secret = secrets.token_urlsafe(24)  # signs the inbox's links; new at each start
     headers = {"Authorization": f"Bearer {token}"}
@@ -111,18 +113,29 @@ async def demo(auto: str | None, port: int) -> None:
                 ran = f"ran with {result['arguments']}" if result["arguments"] else "did not run"
                 print(f"The {result['tool']} {ran}: {result['content']}")
             print(f"Run {run['run_id']} {run['status']}: {run['final_text'] or run['error']}")
+            if keep_serving:
+                print(f"nodbot keeps serving {bot.url} until Ctrl-C", flush=True)
+                await asyncio.shield(bot.stopped)  # done when Ctrl-C (or SIGTERM) stops it
+    print("nodbot stopped (the demo's store is gone with its folder)", flush=True)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--auto", choices=sorted(ANSWERS), help="decide without a person")
     parser.add_argument("--port", type=int, default=8080, help="0 picks a free port")
+    parser.add_argument(
+        "--keep-serving",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="serve on once the run has finished, until Ctrl-C (the default without --auto)",
+    )
     arguments = parser.parse_args()
+    keep = arguments.keep_serving if arguments.keep_serving is not None else not arguments.auto
     os.chdir(ROOT)  # where examples.support_agent is imported from
     try:
-        asyncio.run(demo(arguments.auto, arguments.port))
+        asyncio.run(demo(arguments.auto, arguments.port, keep))
     except KeyboardInterrupt:
-        print("stopped")
+        print("nodbot stopped", flush=True)
 
 
 if __name__ == "__main__":

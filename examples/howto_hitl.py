@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 
-from core import (
+from nodbot.core import (
     ApprovalAlreadyDecided,
     Decision,
     DeferredApproval,

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 
-from core import (
+from nodbot.core import (
     Agent,
     ChatResponse,
     DeferredApproval,

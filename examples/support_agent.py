@@ -6,7 +6,7 @@ only return text: nothing leaves the machine.
 
 from __future__ import annotations
 
-from core import Agent, ChatResponse, ScriptedChat, ToolCall, ToolRegistry
+from nodbot.core import Agent, ChatResponse, ScriptedChat, ToolCall, ToolRegistry
 
 tools = ToolRegistry()
 

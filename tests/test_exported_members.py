@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import core
+from nodbot import core
 
 EXPECTED = {
     "Agent",
@@ -25,6 +25,7 @@ EXPECTED = {
     "AssistantMessage",
     "AutoDeny",
     "CallbackApproval",
+    "ChatCompletionsModel",
     "ChatModel",
     "ChatResponse",
     "Claim",

@@ -21,13 +21,14 @@ weak or repeated secrets, plain http beyond loopback) and `agents` (`load_agents
 
 from __future__ import annotations
 
-from bot.config.agents import check_agents, load_agents
-from bot.config.errors import ConfigError
-from bot.config.models import (
+from nodbot.bot.config.agents import check_agents, load_agents
+from nodbot.bot.config.errors import ConfigError
+from nodbot.bot.config.models import (
     ApiConfig,
     ApiScope,
     ApiToken,
     Config,
+    LogConfig,
     Rule,
     ServerConfig,
     SlackConfig,
@@ -37,10 +38,10 @@ from bot.config.models import (
     WebhookEvent,
     WorkersConfig,
 )
-from bot.config.predicates import AllOf, AnyOf, PredicateSpec
-from bot.config.reader import load_config
-from bot.config.trust import trust_warnings
-from bot.config.values import Reviewer, parse_duration, parse_reviewer
+from nodbot.bot.config.predicates import AllOf, AnyOf, PredicateSpec
+from nodbot.bot.config.reader import load_config
+from nodbot.bot.config.trust import trust_warnings, undecidable_warning
+from nodbot.bot.config.values import Reviewer, parse_duration, parse_reviewer
 
 __all__ = [
     "AllOf",
@@ -50,6 +51,7 @@ __all__ = [
     "ApiToken",
     "Config",
     "ConfigError",
+    "LogConfig",
     "PredicateSpec",
     "Reviewer",
     "Rule",
@@ -66,4 +68,5 @@ __all__ = [
     "parse_duration",
     "parse_reviewer",
     "trust_warnings",
+    "undecidable_warning",
 ]

@@ -16,9 +16,9 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from bot.config.models import Config, Rule
-from bot.config.predicates import ORIGINAL, BoundSpec
-from core import Agent
+from nodbot.bot.config.models import Config, Rule
+from nodbot.bot.config.predicates import ORIGINAL, BoundSpec
+from nodbot.core import Agent
 
 
 def load_agents(config: Config) -> tuple[dict[str, Agent], list[str]]:

@@ -10,7 +10,7 @@ from typing import Any, TypeAlias
 
 from pydantic_core import PydanticCustomError
 
-from core import ConfigurationError
+from nodbot.core import ConfigurationError
 
 KeyPath: TypeAlias = tuple[str | int, ...]
 """Where a value sits in the file: `("rules", 1, "timeout")` is `rules.1.timeout`."""

@@ -1,7 +1,7 @@
 """The file's sections as pydantic models: `StoreConfig`, `ServerConfig`, `ApiConfig`,
-`Rule`, `Defaults` (both a `ReviewPolicy`) and the whole file, `Config`, with the checks that
-span several keys (a rule's decision against its reviewers, reviewer groups, rules that can
-never match, API tokens)."""
+`LogConfig`, `Rule`, `Defaults` (both a `ReviewPolicy`) and the whole file, `Config`, with the
+checks that span several keys (a rule's decision against its reviewers, reviewer groups, rules
+that can never match, API tokens)."""
 
 from __future__ import annotations
 
@@ -19,9 +19,9 @@ from pydantic import (
     model_validator,
 )
 
-from bot.config.errors import KeyPath, Source, dotted, problem, problems, shown
-from bot.config.predicates import BoundSpec, PredicateSpec
-from bot.config.values import (
+from nodbot.bot.config.errors import KeyPath, Source, dotted, problem, problems, shown
+from nodbot.bot.config.predicates import BoundSpec, PredicateSpec
+from nodbot.bot.config.values import (
     ConfigModel,
     Count,
     Duration,
@@ -33,7 +33,7 @@ from bot.config.values import (
     ReviewerEntry,
     normalize_handle,
 )
-from core import InterruptRule
+from nodbot.core import InterruptRule
 
 _STORE_SCHEMES = ("sqlite", "sqlite+aiosqlite", "postgresql", "postgresql+asyncpg")
 
@@ -80,6 +80,17 @@ class WorkersConfig(ConfigModel):
     lease: Duration = 300
     """How long a worker holds a run it continues; a run whose worker died is taken over
     when its lease runs out. Longer than any tool call takes."""
+
+
+class LogConfig(ConfigModel):
+    """What `nodbot serve` writes to stderr: one line per record."""
+
+    level: Literal["debug", "info", "warning", "error"] = "info"
+    """The least severe records written: `info` has a line per HTTP request, review opened,
+    decision, run step and delivery; `warning` only what went wrong."""
+    format: Literal["text", "json"] = "text"
+    """`text`: `time level logger message key=value...`; `json`: one object per line, the
+    structured fields (approval_id, run_id, ...) as top-level keys, for a log collector."""
 
 
 ApiScope: TypeAlias = Literal["approvals:read", "approvals:decide", "runs:write", "runs:write-as"]
@@ -510,6 +521,8 @@ class Config(ConfigModel):
     """HTTP endpoints told of reviews opened and decided."""
     audit: AuditConfig = Field(default_factory=AuditConfig)
     """The audit trail's key."""
+    log: LogConfig = Field(default_factory=LogConfig)
+    """What `nodbot serve` logs, and how."""
 
     @field_validator("webhooks")
     @classmethod

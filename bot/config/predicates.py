@@ -13,10 +13,10 @@ from typing import Any, ClassVar
 
 from pydantic import ValidationInfo, field_validator, model_validator
 
-import core
-from bot.config.errors import problem, problems, shown
-from bot.config.values import ConfigModel
-from core import ConfigurationError, Predicate
+from nodbot import core
+from nodbot.bot.config.errors import problem, problems, shown
+from nodbot.bot.config.values import ConfigModel
+from nodbot.core import ConfigurationError, Predicate
 
 
 @dataclass(frozen=True)

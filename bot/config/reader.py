@@ -16,9 +16,9 @@ import yaml
 from pydantic import BaseModel, ValidationError
 from pydantic_core import ErrorDetails
 
-from bot.config.errors import ConfigError, KeyPath, Source, shown
-from bot.config.models import Config
-from bot.config.values import ConfigModel
+from nodbot.bot.config.errors import ConfigError, KeyPath, Source, shown
+from nodbot.bot.config.models import Config
+from nodbot.bot.config.values import ConfigModel
 
 # --- reading YAML ---------------------------------------------------------------------------
 
@@ -44,11 +44,17 @@ class _Reader:
         self.loader = loader
         self.environ = environ
         self.problems: list[str] = []
+        self.problem_lines: list[int] = []
+        """The line of each of `problems`, to sort them with validation's."""
+        self.problem_paths: set[KeyPath] = set()
+        """The keys whose reading failed: their values are stand-ins."""
         self._open: set[int] = set()
         self._count = 0
 
     def add(self, path: KeyPath, message: str, *, line: int | None = None) -> None:
         self.problems.append(self.source.problem(path, message, line=line))
+        self.problem_lines.append(line if line is not None else self.source.line(path))
+        self.problem_paths.add(path)
 
     def value(self, node: yaml.Node, path: KeyPath) -> Any:
         self._count += 1
@@ -178,9 +184,10 @@ def _yaml_problem(exc: yaml.YAMLError) -> str:
     return str(exc)
 
 
-def _read_yaml(file: str, text: str, environ: Mapping[str, str]) -> tuple[Any, Source]:
-    """Compose and read the document. Raises `ConfigError` for malformed YAML and for the
-    problems found while reading (duplicate keys, missing variables, alias bombs)."""
+def _read_yaml(file: str, text: str, environ: Mapping[str, str]) -> tuple[Any, Source, _Reader]:
+    """Compose and read the document. Raises `ConfigError` for malformed YAML; the problems
+    found while reading (duplicate keys, missing variables) are the reader's `problems`, the
+    document read as far as it could be, so that validation can find the others too."""
     source = Source(file=file, lines={})
     loader = yaml.SafeLoader(text)
     try:
@@ -211,11 +218,10 @@ def _read_yaml(file: str, text: str, environ: Mapping[str, str]) -> tuple[Any, S
             ) from None
     finally:
         loader.dispose()
-    if reader.problems:
-        raise ConfigError(reader.problems)
     if not isinstance(data, dict):
-        raise ConfigError([source.problem((), f"expected a mapping of {_TOP}, not {shown(data)}")])
-    return data, source
+        found = source.problem((), f"expected a mapping of {_TOP}, not {shown(data)}")
+        raise ConfigError([*reader.problems, found])
+    return data, source, reader
 
 
 _TOP = ", ".join(Config.model_fields)
@@ -224,15 +230,20 @@ _TOP = ", ".join(Config.model_fields)
 # --- reporting validation errors ------------------------------------------------------------
 
 
-def _validation_problems(error: ValidationError, source: Source) -> list[str]:
-    """One line per problem, each naming the file, the line and the dotted key."""
+def _validation_problems(
+    error: ValidationError, source: Source, said: set[KeyPath] | None = None
+) -> list[tuple[int, str]]:
+    """One line per problem, each naming the file, the line and the dotted key, with that
+    line; problems at or under a key in `said` are left out (reading it failed already, and
+    its value is a stand-in)."""
     found: list[tuple[int, str]] = []
     for detail in error.errors(include_url=False):
         loc: KeyPath = tuple(part for part in detail["loc"] if part != "[key]")
         for path, message in _messages(detail, loc, source):
+            if any(path[: len(known)] == known for known in said or ()):
+                continue
             found.append((source.line(path), source.problem(path, message)))
-    found.sort(key=lambda pair: pair[0])
-    return [text for _, text in found]
+    return found
 
 
 def _messages(detail: ErrorDetails, loc: KeyPath, source: Source) -> Iterator[tuple[KeyPath, str]]:
@@ -315,10 +326,16 @@ def load_config(
     except UnicodeDecodeError as exc:
         line = raw[: exc.start].count(b"\n") + 1
         raise ConfigError([f"{file}:{line}: (top level): the file is not UTF-8 text"]) from None
-    data, source = _read_yaml(file, text, os.environ if environ is None else environ)
+    data, source, reader = _read_yaml(file, text, os.environ if environ is None else environ)
+    # Every problem at once: the reading ones (a missing variable, say) with the validation's
+    # of every other key.
+    found = list(zip(reader.problem_lines, reader.problems, strict=True))
     try:
         config = Config.model_validate(data)
     except ValidationError as exc:
-        raise ConfigError(_validation_problems(exc, source)) from None
+        found += _validation_problems(exc, source, reader.problem_paths)
+    if found:
+        found.sort(key=lambda pair: pair[0])
+        raise ConfigError([text for _, text in found])
     config._source = source
     return config

@@ -13,10 +13,10 @@ from typing import Any
 
 from pydantic import BaseModel, SecretStr
 
-from bot.config.errors import KeyPath, Source, dotted
-from bot.config.models import Config
+from nodbot.bot.config.errors import KeyPath, Source, dotted
+from nodbot.bot.config.models import Config
 
-__all__ = ["MIN_SECRET_LENGTH", "trust_warnings"]
+__all__ = ["MIN_SECRET_LENGTH", "trust_warnings", "undecidable_warning"]
 
 MIN_SECRET_LENGTH = 32
 """Below this a secret is warned of as weak (the file is refused below 16)."""
@@ -70,6 +70,22 @@ def trust_warnings(config: Config, *, host: str | None = None) -> list[str]:
         add(("server", "host"), plain)
     found.sort(key=lambda pair: pair[0])
     return [text for _, text in found]
+
+
+def undecidable_warning(config: Config) -> str | None:
+    """`nodbot serve`'s warning when reviews can open but nobody has a way to decide them:
+    no token with approvals:decide, no `web.secret` (without it `nodbot inbox-link` cannot
+    sign anyone in: the inbox's secret is made at start and known to that process alone),
+    and no Slack. None when a reviewer has a way, or no rule asks for review."""
+    deciding = any("approvals:decide" in token.scopes for token in config.api.tokens)
+    if not config.rules or deciding or config.web.secret is not None or config.slack:
+        return None
+    return (
+        f"{config.location(())}: warning: nobody can decide a review: no API token has the "
+        "scope approvals:decide, web.secret is not set (so `nodbot inbox-link` cannot sign "
+        "anyone in) and no slack: section is configured; add one of them (`nodbot init` "
+        "writes a bot with the first two)"
+    )
 
 
 # --- the secrets of a configuration ---------------------------------------------------------

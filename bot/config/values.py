@@ -10,7 +10,7 @@ from typing import Annotated, ClassVar, Literal, TypeAlias
 
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, PlainValidator
 
-from bot.config.errors import problem, shown
+from nodbot.bot.config.errors import problem, shown
 
 # --- durations ------------------------------------------------------------------------------
 

@@ -13,7 +13,7 @@ tokens, `ApiError`), `schemas` (the bodies and views) and `approvals` (the route
 
 from __future__ import annotations
 
-from bot.http.approvals import (
+from nodbot.bot.http.approvals import (
     SELF_APPROVAL_REASON,
     AuthorizeDecision,
     create_app,

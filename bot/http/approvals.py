@@ -33,15 +33,16 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from bot.authorize import Verdict
-from bot.config import ApiToken
-from bot.http.auth import ApiError, TokenTable
-from bot.http.common import json_body, json_response, parse
-from bot.http.limits import BodyLimit, SlackSignature
-from bot.http.metrics import metrics_endpoint
-from bot.http.openapi import openapi_document
-from bot.http.runs import run_routes
-from bot.http.schemas import (
+from nodbot.bot.authorize import Verdict
+from nodbot.bot.config import ApiToken
+from nodbot.bot.http.access import AccessLog
+from nodbot.bot.http.auth import ApiError, TokenTable
+from nodbot.bot.http.common import json_body, json_response, parse
+from nodbot.bot.http.limits import BodyLimit, SlackSignature
+from nodbot.bot.http.metrics import metrics_endpoint
+from nodbot.bot.http.openapi import openapi_document
+from nodbot.bot.http.runs import run_routes
+from nodbot.bot.http.schemas import (
     ApprovalDetail,
     ApprovalView,
     DecideBody,
@@ -50,10 +51,10 @@ from bot.http.schemas import (
     HealthView,
     ListQuery,
 )
-from bot.people import People
-from bot.policy import SELF_APPROVAL_REASON
-from bot.service import BotService, WorkerHealth
-from core import (
+from nodbot.bot.people import People
+from nodbot.bot.policy import SELF_APPROVAL_REASON
+from nodbot.bot.service import BotService, WorkerHealth
+from nodbot.core import (
     ApprovalAlreadyDecided,
     ApprovalAlreadyVoted,
     ApprovalNotFound,
@@ -70,8 +71,8 @@ from core import (
 )
 
 if TYPE_CHECKING:
-    from bot.slack.reviews import SlackReviews
-    from bot.web import WebInbox
+    from nodbot.bot.slack.reviews import SlackReviews
+    from nodbot.bot.web import WebInbox
 
 __all__ = ["SELF_APPROVAL_REASON", "AuthorizeDecision", "create_app", "refuse_self_approval"]
 
@@ -166,7 +167,7 @@ def create_app(
     routes.append(Route("/metrics", metrics_endpoint(store, counters), methods=["GET"]))
     return Starlette(
         routes=routes,
-        middleware=[Middleware(BodyLimit)],
+        middleware=[Middleware(AccessLog), Middleware(BodyLimit)],
         exception_handlers={
             ApiError: _api_error,
             HTTPException: _http_error,

@@ -9,7 +9,7 @@ from typing import Any
 
 from starlette.requests import Request
 
-from bot.config import ApiScope, ApiToken
+from nodbot.bot.config import ApiScope, ApiToken
 
 __all__ = ["ApiError", "TokenTable", "missing_scope"]
 

@@ -8,9 +8,9 @@ from pydantic import BaseModel, ValidationError
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from bot.http.auth import ApiError
-from bot.http.limits import loads
-from bot.http.schemas import field_errors
+from nodbot.bot.http.auth import ApiError
+from nodbot.bot.http.limits import loads
+from nodbot.bot.http.schemas import field_errors
 
 __all__ = ["json_body", "json_response", "parse"]
 

@@ -26,7 +26,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from bot.http.auth import ApiError
+from nodbot.bot.http.auth import ApiError
 
 __all__ = [
     "DECIDE_BODY",

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response
 
-from core import ApprovalStore
+from nodbot.core import ApprovalStore
 
 __all__ = ["metrics_endpoint"]
 

@@ -8,9 +8,9 @@ from typing import Any
 from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
 
-from bot.http.runs import RunBody, RunView
-from bot.http.schemas import ApprovalDetail, ApprovalView, DecideBody, ErrorBody, HealthView
-from core import __version__
+from nodbot.bot.http.runs import RunBody, RunView
+from nodbot.bot.http.schemas import ApprovalDetail, ApprovalView, DecideBody, ErrorBody, HealthView
+from nodbot.core import __version__
 
 __all__ = ["openapi_document"]
 

@@ -29,12 +29,12 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from bot.http.auth import ApiError, TokenTable, missing_scope
-from bot.http.common import json_body, json_response, parse
-from bot.http.schemas import ApprovalView
-from bot.people import People
-from bot.service import BotService, UnknownAgentError
-from core import RunNotFound, RunRecord, RunStatus, ToolMessage
+from nodbot.bot.http.auth import ApiError, TokenTable, missing_scope
+from nodbot.bot.http.common import json_body, json_response, parse
+from nodbot.bot.http.schemas import ApprovalView
+from nodbot.bot.people import People
+from nodbot.bot.service import BotService, UnknownAgentError
+from nodbot.core import RunNotFound, RunRecord, RunStatus, ToolMessage
 
 __all__ = ["MAX_WAIT", "RunBody", "RunQuery", "RunView", "ToolResultView", "run_routes"]
 

@@ -16,8 +16,8 @@ from pydantic import (
     field_validator,
 )
 
-from bot.forms import MAX_ARGUMENT_TEXT, MAX_REASON, text_too_long
-from core import (
+from nodbot.bot.forms import MAX_ARGUMENT_TEXT, MAX_REASON, text_too_long
+from nodbot.core import (
     ApprovalEvent,
     ApprovalRecord,
     ApprovalStatus,

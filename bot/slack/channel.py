@@ -44,19 +44,19 @@ from slack_sdk.http_retry.builtin_async_handlers import (
 )
 from slack_sdk.web.async_client import AsyncWebClient
 
-from bot.config import SlackConfig, parse_reviewer
-from bot.config.values import Reviewer
-from bot.outbox import DeliveryError, Moment, OutboxStore, retry_after
-from bot.slack.directory import Directory
-from bot.slack.messages import (
+from nodbot.bot.config import SlackConfig, parse_reviewer
+from nodbot.bot.config.values import Reviewer
+from nodbot.bot.outbox import DeliveryError, Moment, OutboxStore, retry_after
+from nodbot.bot.slack.directory import Directory
+from nodbot.bot.slack.messages import (
     Rendered,
     answer_text,
     decided_message,
     full_arguments,
     request_message,
 )
-from bot.slack.once import Part, Progress, Unreadable, find_in_history, find_in_thread, tag
-from core import ApprovalRecord, Delivery, NewDelivery, ToolRegistry
+from nodbot.bot.slack.once import Part, Progress, Unreadable, find_in_history, find_in_thread, tag
+from nodbot.core import ApprovalRecord, Delivery, NewDelivery, ToolRegistry
 
 __all__ = ["MESSAGES_TARGET", "SlackChannel", "messages_of", "places", "slack_client"]
 

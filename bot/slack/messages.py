@@ -14,14 +14,13 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from pathlib import Path
 from typing import Any
 
 import jinja2
 
-from bot.forms import EditField
-from bot.slack.text import clip, code, escape, plain, shown_value
-from core import ApprovalRecord
+from nodbot.bot.forms import EditField
+from nodbot.bot.slack.text import clip, code, escape, plain, shown_value
+from nodbot.core import ApprovalRecord
 
 __all__ = [
     "ACTION_APPROVE",
@@ -45,7 +44,6 @@ ACTION_DENY = "nodbot.deny"
 EDIT_CALLBACK = "nodbot.edit"
 DENY_CALLBACK = "nodbot.deny"
 
-TEMPLATES = Path(__file__).resolve().parents[2] / "templates" / "slack"
 MAX_BLOCKS = 50
 SECTION = 3000
 FIELD = 2000
@@ -57,7 +55,7 @@ _ARGUMENT_BLOCKS = MAX_BLOCKS - 6  # header, description, facts, note, actions, 
 _SLACK_ID = re.compile(r"[UW][A-Z0-9]{8,}")
 
 _templates = jinja2.Environment(
-    loader=jinja2.FileSystemLoader(TEMPLATES),
+    loader=jinja2.PackageLoader("nodbot", "templates/slack"),  # package data of `nodbot`
     autoescape=False,  # JSON, not HTML: values are escaped for Slack, then made JSON by tojson
     undefined=jinja2.StrictUndefined,
     keep_trailing_newline=False,

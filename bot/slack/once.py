@@ -27,8 +27,8 @@ from slack_sdk.errors import SlackApiError
 from slack_sdk.web.async_client import AsyncWebClient
 from slack_sdk.web.async_slack_response import AsyncSlackResponse
 
-from bot.outbox import OutboxStore
-from core import ApprovalRecord, Delivery
+from nodbot.bot.outbox import OutboxStore
+from nodbot.core import ApprovalRecord, Delivery
 
 __all__ = [
     "EVENT_TYPE",

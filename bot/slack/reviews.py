@@ -31,12 +31,12 @@ from slack_bolt.adapter.socket_mode.websockets import AsyncSocketModeHandler
 from slack_bolt.async_app import AsyncAck, AsyncApp
 from slack_sdk.errors import SlackApiError
 
-from bot.authorize import Authorizer, Verdict
-from bot.config import SlackConfig
-from bot.forms import FIELD_PREFIX, EditField, edit_fields, parse_edit, reason_too_long
-from bot.people import IdentityUnavailable, People
-from bot.slack.channel import SlackChannel, messages_of
-from bot.slack.messages import (
+from nodbot.bot.authorize import Authorizer, Verdict
+from nodbot.bot.config import SlackConfig
+from nodbot.bot.forms import FIELD_PREFIX, EditField, edit_fields, parse_edit, reason_too_long
+from nodbot.bot.people import IdentityUnavailable, People
+from nodbot.bot.slack.channel import SlackChannel, messages_of
+from nodbot.bot.slack.messages import (
     ACTION_APPROVE,
     ACTION_DENY,
     ACTION_EDIT,
@@ -45,8 +45,8 @@ from bot.slack.messages import (
     deny_modal,
     edit_modal,
 )
-from bot.slack.text import clip, escape
-from core import (
+from nodbot.bot.slack.text import clip, escape
+from nodbot.core import (
     ApprovalAlreadyDecided,
     ApprovalAlreadyVoted,
     ApprovalNotFound,
@@ -58,7 +58,7 @@ from core import (
     ToolDecision,
     UnknownToolError,
 )
-from core.store import utc_now
+from nodbot.core.store import utc_now
 
 __all__ = ["CHANNEL", "SlackReviews", "connect_socket_mode"]
 

@@ -13,7 +13,7 @@ routes and pages, rendered from `templates/web/`).
 
 from __future__ import annotations
 
-from bot.web.app import WebInbox
-from bot.web.signing import SignInLinkError, sign_in_link
+from nodbot.bot.web.app import WebInbox
+from nodbot.bot.web.signing import SignInLinkError, sign_in_link
 
 __all__ = ["SignInLinkError", "WebInbox", "sign_in_link"]

@@ -8,6 +8,13 @@
 | `GET /inbox/approvals/{id}`            | one approval, its events and the decision forms    |
 | `POST /inbox/approvals/{id}/decide`    | approve, edit or deny (form-encoded)               |
 | `POST /inbox/logout`                   | ends the session, in the store                     |
+| `GET /inbox/signed-out`                | says so, after a sign-out                          |
+
+Every POST that succeeds answers 303 with the page to show, so that a refresh of that page
+never posts the form again. An approve of a destructive tool (`effects="destructive"`, or a
+tool this bot does not have, as in Slack) is first sent to a confirmation step
+(`?confirm=approve`) and recorded only when its form says `confirm=yes`. Times are said
+relative to the inbox's clock ("in 14 min"), the exact time in the tag's `title`.
 
 An approval is shown (and decided) only to those who may see it (`WebInbox._may_see`): its
 reviewers as the rule has them, its requester, and whoever voted on it or decided it; to
@@ -34,18 +41,17 @@ import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import replace
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any, Literal, TypeAlias
 from urllib.parse import parse_qsl, quote
 
-from jinja2 import Environment, FileSystemLoader, StrictUndefined, select_autoescape
+from jinja2 import Environment, PackageLoader, StrictUndefined, select_autoescape
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, RedirectResponse, Response
 from starlette.routing import Route
 
-from bot.authorize import Authorizer
-from bot.config import WebConfig
-from bot.forms import (
+from nodbot.bot.authorize import Authorizer
+from nodbot.bot.config import WebConfig
+from nodbot.bot.forms import (
     MAX_REASON,
     EditField,
     edit_fields,
@@ -54,13 +60,13 @@ from bot.forms import (
     reason_too_long,
     shown,
 )
-from bot.http import AuthorizeDecision
-from bot.http.approvals import refuse_self_approval
-from bot.people import IdentityUnavailable, People
-from bot.policy import SELF_APPROVAL_REASON, rule_refusal
-from bot.service import BotService
-from bot.web.signing import Session, Signer, TokenError, link_for
-from core import (
+from nodbot.bot.http import AuthorizeDecision
+from nodbot.bot.http.approvals import refuse_self_approval
+from nodbot.bot.people import IdentityUnavailable, People
+from nodbot.bot.policy import SELF_APPROVAL_REASON, rule_refusal
+from nodbot.bot.service import BotService
+from nodbot.bot.web.signing import Session, Signer, TokenError, link_for
+from nodbot.core import (
     ApprovalAlreadyDecided,
     ApprovalAlreadyVoted,
     ApprovalEvent,
@@ -73,18 +79,20 @@ from core import (
     Executor,
     InvalidArgumentsError,
     InvalidDecisionError,
+    RunNotFound,
+    RunStore,
     StoreError,
     ToolDecision,
+    ToolMessage,
     ToolRegistry,
     UnknownToolError,
 )
-from core.store import SessionRevocations
+from nodbot.core.store import SessionRevocations
 
-__all__ = ["CHANNEL", "COOKIE", "TEMPLATES", "WebInbox"]
+__all__ = ["CHANNEL", "COOKIE", "WebInbox"]
 
 log = logging.getLogger(__name__)
 
-TEMPLATES = Path(__file__).resolve().parents[2] / "templates" / "web"
 """The pages' templates, in the repository's top-level `templates/web/`."""
 
 CHANNEL = "web"
@@ -170,13 +178,16 @@ class WebInbox:
         """Where ended sessions are kept: the store's, seen by every replica."""
         self._schemas: dict[str, dict[str, Any]] = {}  # tool -> its arguments' JSON schema
         self.templates = Environment(
-            loader=FileSystemLoader(TEMPLATES),
+            # Package data of `nodbot`, in the repository and in an installed wheel alike.
+            loader=PackageLoader("nodbot", "templates/web"),
             autoescape=select_autoescape(("html",), default_for_string=True, default=True),
             undefined=StrictUndefined,
             trim_blocks=True,
             lstrip_blocks=True,
         )
-        self.templates.filters["when"] = _when
+        self.templates.filters["span"] = self._span
+        self.templates.filters["short"] = _short
+        self.templates.globals["edits"] = _edits
         self.templates.globals["max_reason"] = MAX_REASON
         self.templates.filters["shown"] = shown
         self.templates.filters["compact"] = _compact
@@ -192,6 +203,7 @@ class WebInbox:
             Route("/inbox", self._page(self.inbox), methods=["GET"]),
             Route("/inbox/login", self._page(self.login), methods=["GET"]),
             Route("/inbox/logout", self._page(self.logout), methods=["POST"]),
+            Route("/inbox/signed-out", self._page(self.signed_out), methods=["GET"]),
             Route("/inbox/approvals/{approval_id}", self._page(self.approval), methods=["GET"]),
             Route(
                 "/inbox/approvals/{approval_id}/decide",
@@ -245,15 +257,18 @@ class WebInbox:
                 "The inbox cannot record the sign-out now: the approval store cannot be "
                 "used. Try again shortly.",
             ) from None
-        response = self._render(
+        response = RedirectResponse("/inbox/signed-out", status_code=303)
+        response.delete_cookie(COOKIE, path="/inbox", secure=self.secure, httponly=True)
+        return response
+
+    async def signed_out(self, request: Request) -> Response:
+        return self._render(
             "message.html",
             200,
             None,
             title="Signed out",
             message="You are signed out. Open a new sign-in link to come back.",
         )
-        response.delete_cookie(COOKIE, path="/inbox", secure=self.secure, httponly=True)
-        return response
 
     async def inbox(self, request: Request) -> Response:
         session = await self._session(request)
@@ -285,7 +300,8 @@ class WebInbox:
     async def approval(self, request: Request) -> Response:
         session = await self._session(request)
         record = await self._visible(session.principal, request.path_params["approval_id"])
-        return await self._approval_page(session, record)
+        confirming = request.query_params.get("confirm") == "approve"
+        return await self._approval_page(session, record, confirming=confirming)
 
     async def decide(self, request: Request) -> Response:
         session = await self._session(request)
@@ -346,6 +362,16 @@ class WebInbox:
         verdict = await self.authorize(who, record, decision)
         if verdict.refusal is not None:
             await self._refuse(record, who, verdict.person, verdict.refusal, evidence)
+        if action == "approve" and form.get("confirm") != "yes" and self._destructive(record):
+            # Asked only of a decision that could still be recorded, as Slack's dialog is.
+            if record.decision is not None:
+                raise _already_decided(record.approval_id, record.decision.decided_by)
+            votes = await self._votes(record)
+            if any(_is_voter(e, who, verdict.person) for e in votes):
+                raise _already_voted(record.approval_id)
+            return RedirectResponse(
+                f"/inbox/approvals/{quote(record.approval_id)}?confirm=approve", status_code=303
+            )
         try:
             decided = await self.executor.decide(
                 record.approval_id,
@@ -358,12 +384,7 @@ class WebInbox:
         except ApprovalAlreadyDecided as exc:
             raise _already_decided(record.approval_id, exc.decided_by) from None
         except ApprovalAlreadyVoted:
-            raise PageError(
-                409,
-                "Already voted",
-                "You have voted on this approval already; it waits for the other reviewers.",
-                approval_id=record.approval_id,
-            ) from None
+            raise _already_voted(record.approval_id) from None
         except InvalidArgumentsError as exc:
             errors = {error["field"].split(".", 1)[0]: error["message"] for error in exc.errors}
             fields = parse_edit(self._fields(record), form, record.request.arguments).fields
@@ -402,6 +423,7 @@ class WebInbox:
         fields: list[EditField] | None = None,
         reason: str | None = None,
         problem: str | None = None,
+        confirming: bool = False,
     ) -> Response:
         who = session.principal
         events = await self.store.events(record.approval_id)
@@ -413,8 +435,15 @@ class WebInbox:
         description: str | None = None
         if record.request.tool in self.registry:
             description = self.registry.get(record.request.tool).description
+        edited = _edited(record) or {}
         arguments = [
-            {"name": name, "value": value, "long": is_long(value)}
+            {
+                "name": name,
+                "value": value,
+                "long": is_long(value) or (name in edited and is_long(edited[name])),
+                "edited": name in edited,
+                "new": edited.get(name),
+            }
             for name, value in record.request.arguments.items()
         ]
         return self._render(
@@ -434,7 +463,65 @@ class WebInbox:
             reason=reason or "",
             problem=problem,
             edited=_edited(record),
+            destructive=self._destructive(record),
+            confirming=confirming and actions.get("approve", "") is None,
+            result=await self._result(record) if record.finished else None,
         )
+
+    def _destructive(self, record: ApprovalRecord) -> bool:
+        """Whether an approve asks to confirm first: the tool says it changes things that may
+        not be undone, or it is not this bot's, so nothing is known of it (as in Slack)."""
+        tool = record.request.tool
+        return tool not in self.registry or self.registry.get(tool).effects == "destructive"
+
+    async def _result(self, record: ApprovalRecord) -> dict[str, str] | None:
+        """What the call's tool answered, from its run's messages (as `GET /runs/{id}` has
+        it); None when the store keeps no such run (an app that runs its own tools) or
+        cannot be read now: the page then shows the outcome alone."""
+        if not isinstance(self.store, RunStore):
+            return None
+        try:
+            run = await self.store.get_run(record.request.run_id)
+        except (RunNotFound, StoreError):
+            return None
+        answers = [
+            message
+            for message in run.messages
+            if isinstance(message, ToolMessage) and message.tool_call_id == record.request.call_id
+        ]
+        if not answers:
+            return None
+        message = answers[-1]
+        try:
+            content = json.loads(message.content)
+        except ValueError:
+            content = message.content
+        if isinstance(content, dict) and len(content) == 1 and {"result", "error"} & set(content):
+            content = next(iter(content.values()))
+        return {"status": message.status, "text": shown(content)}
+
+    def _span(self, moment: datetime | None, past: bool = True) -> dict[str, Any]:
+        """`moment` as the templates say it: its exact time, and how long from the inbox's
+        clock (`count` of `unit`, none under a minute), so that tests may move time. A
+        moment said to be `past` (made by another clock, a little ahead) is never future."""
+        if moment is None:
+            return {"iso": "", "count": 0, "unit": None, "future": False}
+        seconds = (moment - _moment(self._clock())).total_seconds()
+        if past:
+            seconds = min(seconds, 0.0)
+        span = abs(seconds)
+        count, unit = 0, None
+        for size, name, limit in ((60, "min", 60), (3600, "h", 48), (86400, "d", None)):
+            count = round(span / size)
+            if limit is None or count < limit:
+                unit = name if span >= 45 else None
+                break
+        return {
+            "iso": moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+            "count": count,
+            "unit": unit,
+            "future": seconds > 0,
+        }
 
     def _fields(self, record: ApprovalRecord) -> list[EditField]:
         """The edit form's inputs; none for a tool this bot does not have."""
@@ -660,6 +747,15 @@ def _already_decided(approval_id: str, decided_by: str | None) -> PageError:
     )
 
 
+def _already_voted(approval_id: str) -> PageError:
+    return PageError(
+        409,
+        "Already voted",
+        "You have voted on this approval already; it waits for the other reviewers.",
+        approval_id=approval_id,
+    )
+
+
 def _refused(record: ApprovalRecord, reason: str) -> PageError:
     return PageError(
         403,
@@ -709,8 +805,30 @@ def _moment(seconds: float) -> datetime:
     return datetime.fromtimestamp(seconds, UTC)
 
 
-def _when(moment: datetime | None) -> str:
-    return "" if moment is None else moment.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+def _short(identifier: str) -> str:
+    """An id as the list shows it: its kind and its random end (`run_…9f3a0c21`), which tell
+    two of them apart; its start is the time it was made."""
+    if len(identifier) <= 14:
+        return identifier
+    kind, _, _ = identifier.partition("_")
+    prefix = f"{kind}_" if len(kind) <= 5 else ""
+    return f"{prefix}…{identifier[-8:]}"
+
+
+def _edits(record: ApprovalRecord) -> list[dict[str, Any]]:
+    """The reviewer's changes, each with the value it replaced."""
+    original = record.request.arguments
+    return [
+        {"name": name, "old": original.get(name), "new": value}
+        for name, value in (_edited(record) or {}).items()
+    ]
+
+
+def _is_voter(event: ApprovalEvent, who: str, person: str | None) -> bool:
+    """Whether `event` is a vote of `who` (under any of their handles, when known)."""
+    return (event.actor or "").lower() == who.lower() or (
+        person is not None and event.person == person
+    )
 
 
 def _compact(value: Any) -> str:

@@ -24,8 +24,8 @@ from dataclasses import dataclass
 from typing import Any, Literal
 from urllib.parse import urlencode
 
-from bot.config import Config, ServerConfig, WebConfig
-from core import NodbotError
+from nodbot.bot.config import Config, ServerConfig, WebConfig
+from nodbot.core import NodbotError
 
 __all__ = [
     "LOGIN_PATH",

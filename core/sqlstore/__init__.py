@@ -8,7 +8,7 @@ executor = Executor(registry, approval=DeferredApproval(store))
 
 from __future__ import annotations
 
-from core.sqlstore.migrate import MIGRATE_COMMAND, ensure_schema, head_revision
-from core.sqlstore.store import SqlApprovalStore
+from nodbot.core.sqlstore.migrate import MIGRATE_COMMAND, ensure_schema, head_revision
+from nodbot.core.sqlstore.store import SqlApprovalStore
 
 __all__ = ["MIGRATE_COMMAND", "SqlApprovalStore", "ensure_schema", "head_revision"]

@@ -38,11 +38,11 @@ from sqlalchemy import Row, event, func, select
 from sqlalchemy.engine import URL
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 
-from core.audit import EventHasher, moment_text
-from core.errors import StoreUnavailableError
-from core.sqlstore.engine import normalize_url, open_engine, redact, translate_errors
-from core.sqlstore.migrate import ensure_schema
-from core.sqlstore.schema import approvals, deliveries, events, votes
+from nodbot.core.audit import EventHasher, moment_text
+from nodbot.core.errors import StoreUnavailableError
+from nodbot.core.sqlstore.engine import normalize_url, open_engine, redact, translate_errors
+from nodbot.core.sqlstore.migrate import ensure_schema
+from nodbot.core.sqlstore.schema import approvals, deliveries, events, votes
 
 __all__ = ["AuditProblem", "AuditReport", "export", "verify"]
 

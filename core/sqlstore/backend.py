@@ -19,9 +19,9 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal, NamedTuple, Protocol, TypeAlias
 
-from core.decisions import Decision
-from core.sqlstore.notices import Listening
-from core.store import (
+from nodbot.core.decisions import Decision
+from nodbot.core.sqlstore.notices import Listening
+from nodbot.core.store import (
     CONCURRENT_USE_REASON,
     ApprovalRequest,
     ApprovalStatus,
@@ -33,7 +33,7 @@ from core.store import (
     tally,
     timeout_decision,
 )
-from core.tools import canonical_json
+from nodbot.core.tools import canonical_json
 
 __all__ = [
     "ALREADY_DECIDED",

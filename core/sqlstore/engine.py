@@ -16,7 +16,7 @@ from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import ArgumentError, DBAPIError, SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 
-from core.errors import StoreUnavailableError
+from nodbot.core.errors import StoreUnavailableError
 
 __all__ = [
     "DRIVER_ERRORS",

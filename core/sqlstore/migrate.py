@@ -15,8 +15,8 @@ from sqlalchemy import Connection, text
 from sqlalchemy.engine import URL
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from core.errors import StoreSchemaError
-from core.sqlstore.engine import redact, translate_errors, write_transaction
+from nodbot.core.errors import StoreSchemaError
+from nodbot.core.sqlstore.engine import redact, translate_errors, write_transaction
 
 if TYPE_CHECKING:
     from alembic.config import Config

@@ -15,8 +15,8 @@ from typing import Any
 
 import asyncpg
 
-from core.audit import FORMAT, hmac_pads
-from core.sqlstore.backend import (
+from nodbot.core.audit import FORMAT, hmac_pads
+from nodbot.core.sqlstore.backend import (
     ALREADY_DECIDED,
     COLUMN_NAMES,
     COLUMNS,
@@ -37,9 +37,9 @@ from core.sqlstore.backend import (
     timeout_detail,
     undelivered_event,
 )
-from core.sqlstore.notices import Listener, Listening
-from core.sqlstore.pool import GuardedPool
-from core.store import ALREADY_VOTED, CONCURRENT_USE_REASON, TIMEOUT_DECIDER, ApprovalRequest
+from nodbot.core.sqlstore.notices import Listener, Listening
+from nodbot.core.sqlstore.pool import GuardedPool
+from nodbot.core.store import ALREADY_VOTED, CONCURRENT_USE_REASON, TIMEOUT_DECIDER, ApprovalRequest
 
 __all__ = ["PostgresBackend"]
 

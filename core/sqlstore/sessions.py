@@ -27,9 +27,9 @@ from sqlalchemy import and_, delete, insert, literal, or_, select, true
 from sqlalchemy.engine import URL
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
-from core.sqlstore.engine import translate_errors
-from core.sqlstore.schema import revocations
-from core.store import utc_now
+from nodbot.core.sqlstore.engine import translate_errors
+from nodbot.core.sqlstore.schema import revocations
+from nodbot.core.store import utc_now
 
 __all__ = ["SqlSessionRevocations"]
 

@@ -19,8 +19,8 @@ from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from typing import Any, TypeAlias, TypeVar
 
-from core.audit import EventHasher
-from core.sqlstore.backend import (
+from nodbot.core.audit import EventHasher
+from nodbot.core.sqlstore.backend import (
     ALREADY_DECIDED,
     COLUMN_NAMES,
     COLUMNS,
@@ -43,8 +43,8 @@ from core.sqlstore.backend import (
     timeout_detail,
     undelivered_event,
 )
-from core.sqlstore.notices import Listening, NotListening
-from core.store import ALREADY_VOTED, TIMEOUT_DECIDER, ApprovalRequest
+from nodbot.core.sqlstore.notices import Listening, NotListening
+from nodbot.core.store import ALREADY_VOTED, TIMEOUT_DECIDER, ApprovalRequest
 
 __all__ = ["SqliteBackend"]
 

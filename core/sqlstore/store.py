@@ -23,10 +23,10 @@ from urllib.parse import urlencode
 from pydantic import TypeAdapter
 from sqlalchemy.engine import URL
 
-from core.audit import EventHasher
-from core.calls import new_id
-from core.decisions import Decision
-from core.errors import (
+from nodbot.core.audit import EventHasher
+from nodbot.core.calls import new_id
+from nodbot.core.decisions import Decision
+from nodbot.core.errors import (
     ApprovalAlreadyConsumed,
     ApprovalAlreadyDecided,
     ApprovalAlreadyVoted,
@@ -37,22 +37,22 @@ from core.errors import (
     RunConflict,
     RunNotFound,
 )
-from core.loop import Message
-from core.outbox import Announcement, Delivery, NewDelivery, Stage
-from core.runs import DEFAULT_LEASE, RunRecord, RunStatus
-from core.sqlstore.backend import STAGES, Act, Backend, Change, EventValues, Row
-from core.sqlstore.engine import (
+from nodbot.core.loop import Message
+from nodbot.core.outbox import Announcement, Delivery, NewDelivery, Stage
+from nodbot.core.runs import DEFAULT_LEASE, RunRecord, RunStatus
+from nodbot.core.sqlstore.backend import STAGES, Act, Backend, Change, EventValues, Row
+from nodbot.core.sqlstore.engine import (
     normalize_url,
     open_engine,
     redact,
     translate_errors,
 )
-from core.sqlstore.migrate import ensure_schema
-from core.sqlstore.notices import Listening
-from core.sqlstore.postgres import PostgresBackend
-from core.sqlstore.sessions import SqlSessionRevocations
-from core.sqlstore.sqlite import SqliteBackend
-from core.store import (
+from nodbot.core.sqlstore.migrate import ensure_schema
+from nodbot.core.sqlstore.notices import Listening
+from nodbot.core.sqlstore.postgres import PostgresBackend
+from nodbot.core.sqlstore.sessions import SqlSessionRevocations
+from nodbot.core.sqlstore.sqlite import SqliteBackend
+from nodbot.core.store import (
     ApprovalEvent,
     ApprovalRecord,
     ApprovalRequest,
@@ -64,7 +64,7 @@ from core.store import (
     timeout_decision,
     utc_now,
 )
-from core.tools import canonical_json
+from nodbot.core.tools import canonical_json
 
 __all__ = ["DEFAULT_LOCK_TIMEOUT", "SqlApprovalStore"]
 

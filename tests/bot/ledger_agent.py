@@ -13,7 +13,7 @@ import os
 import time
 from collections.abc import Sequence
 
-from core import (
+from nodbot.core import (
     Agent,
     AssistantMessage,
     ChatResponse,

@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import subprocess
 from pathlib import Path
 
 import pytest
 
-from bot.config import load_agents, load_config
-from bot.policy import rules_executor
-from core import SqlApprovalStore, ToolCall
+from nodbot.bot.config import load_agents, load_config
+from nodbot.bot.http.schemas import ApprovalView
+from nodbot.bot.policy import rules_executor
+from nodbot.core import SqlApprovalStore, ToolCall
 from tests.bot.test_cli import nodbot
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -87,3 +89,38 @@ def test_decide_is_allowed_by_the_rules_and_recorded(paused: tuple[Path, str]) -
     assert decided.stdout.startswith(f"approval {approval_id} (approved by U0123LEADS)")
     shown = approvals(config_file, "show", approval_id)
     assert " voted U0123LEADS cli" in shown.stdout
+
+
+def test_list_json_is_one_document_of_api_views(paused: tuple[Path, str]) -> None:
+    config_file, approval_id = paused
+    listed = approvals(config_file, "list", "--json")
+    assert listed.returncode == 0, listed.stderr
+    [item] = json.loads(listed.stdout)
+    assert set(item) == set(ApprovalView.model_fields)
+    view = ApprovalView.model_validate(item)
+    assert (view.approval_id, view.status, view.run_id) == (approval_id, "pending", "run_cli")
+    assert view.arguments == {"order_id": "A-1", "amount": 120.0}
+    approvals(
+        config_file, "decide", approval_id, "edit", "--as", "U0123LEADS",
+        "--arguments", '{"amount": 100}',
+    )  # fmt: skip
+    [decided] = json.loads(approvals(config_file, "list", "--json").stdout)
+    assert decided["decision"]["edited_args"] == {"amount": 100}
+    assert decided["decision"]["decided_by"] == "U0123LEADS"
+
+
+def test_list_and_show_give_the_edit_beside_the_original_and_who_decided(
+    paused: tuple[Path, str],
+) -> None:
+    config_file, approval_id = paused
+    decided = approvals(
+        config_file, "decide", approval_id, "edit", "--as", "U0123LEADS",
+        "--arguments", '{"amount": 100}',
+    )  # fmt: skip
+    assert decided.returncode == 0, decided.stderr
+    header, row = approvals(config_file, "list").stdout.splitlines()
+    assert "DECIDED BY" in header
+    assert row.split()[:5] == [approval_id, "approved", "refund", "run_cli", "U0123LEADS"]
+    assert row.endswith("edited: amount 120.0 → 100")
+    shown = approvals(config_file, "show", approval_id).stdout
+    assert "  edited: amount 120.0 → 100" in shown.splitlines()

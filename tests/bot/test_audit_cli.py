@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from bot.cli import main
-from bot.config import ConfigError, load_config
-from core.audit import EventHasher
-from core.sqlstore.audit import verify
+from nodbot.bot.cli import main
+from nodbot.bot.config import ConfigError, load_config
+from nodbot.core.audit import EventHasher
+from nodbot.core.sqlstore.audit import verify
 from tests.bot.test_cli import nodbot
 from tests.bot.test_http_approvals import auth, served
 from tests.core.store.conftest import database_url

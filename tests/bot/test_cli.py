@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import shutil
+import socket
 import subprocess
 import sys
 from pathlib import Path
 
-from core import SqlApprovalStore, __version__
-from core.sqlstore import head_revision
+from nodbot.core import SqlApprovalStore, __version__
+from nodbot.core.sqlstore import head_revision
 
 
 def nodbot() -> str:
@@ -51,3 +52,90 @@ def test_migrate_failure_is_a_clear_error(tmp_path: Path) -> None:
     assert completed.returncode == 1
     assert completed.stderr.startswith("nodbot: cannot use the database sqlite")
     assert "does not exist" in completed.stderr
+
+
+# --- a user's mistakes: one clear line, exit status 2, never a traceback ----------------------
+
+
+def mistake(tmp_path: Path, *arguments: str) -> str:
+    """stderr of a command that must be refused as a mistake."""
+    completed = subprocess.run(
+        [nodbot(), *arguments], capture_output=True, text=True, cwd=tmp_path, timeout=60
+    )
+    assert completed.returncode == 2, completed
+    assert "Traceback" not in completed.stderr
+    lines = completed.stderr.strip().splitlines()
+    assert len(lines) == 1, completed.stderr
+    assert completed.stdout == ""
+    return lines[0]
+
+
+def test_bad_arguments_json_is_named(tmp_path: Path) -> None:
+    said = mistake(
+        tmp_path, "approvals", "decide", "apr_1", "edit", "--as", "U1", "--arguments", "{x"
+    )
+    assert said.startswith("nodbot approvals decide: error: argument --arguments: not valid JSON")
+    said = mistake(
+        tmp_path, "approvals", "decide", "apr_1", "edit", "--as", "U1", "--arguments", "[1]"
+    )
+    assert "a JSON object is needed, not list" in said
+
+
+def test_an_edit_without_arguments_says_what_to_give(tmp_path: Path) -> None:
+    said = mistake(tmp_path, "approvals", "decide", "apr_1", "edit", "--as", "U1")
+    assert "an edit needs --arguments" in said and "nodbot approvals decide --help" in said
+    said = mistake(
+        tmp_path, "approvals", "decide", "apr_1", "deny", "--as", "U1", "--arguments", "{}"
+    )
+    assert "--arguments is for edit only, not deny" in said
+
+
+def test_a_port_out_of_range_is_refused_before_anything_starts(tmp_path: Path) -> None:
+    said = mistake(tmp_path, "serve", "--port", "70000")
+    assert "70000 is not a port: use 0 to 65535 (0 picks a free one)" in said
+    assert "not a port number: 'http'" in mistake(tmp_path, "serve", "--port", "http")
+
+
+def test_a_port_in_use_is_named_with_how_to_pick_another(tmp_path: Path) -> None:
+    taken = socket.create_server(("127.0.0.1", 0))
+    port = taken.getsockname()[1]
+    (tmp_path / "nodbot.yml").write_text(
+        f'store: {{url: "sqlite:///{tmp_path / "nodbot.db"}"}}\n'
+        f"server: {{host: 127.0.0.1, port: {port}}}\n"
+    )
+    try:
+        said = mistake(tmp_path, "serve")
+        again = mistake(tmp_path, "serve", "--port", str(port))
+    finally:
+        taken.close()
+    assert said == (
+        f"nodbot: 127.0.0.1:{port} is in use; pick another port with --port N or in "
+        "server.port (0 picks a free one); the port came from server.port of nodbot.yml"
+    )
+    assert again.endswith("the port came from --port")
+
+
+def test_check_config_lists_every_problem_of_the_file_at_once(tmp_path: Path) -> None:
+    file = tmp_path / "nodbot.yml"
+    file.write_text(
+        'store: {url: "${NODBOT_TEST_NOT_SET}"}\n'
+        "server: {host: 127.0.0.1, port: 99999}\n"
+        "colour: blue\n"
+        "rules:\n"
+        "  - tool: refund\n"
+        "    reviewers: [lead@example.com]\n"
+        "    timeout: soon\n"
+    )
+    completed = subprocess.run(
+        [nodbot(), "check-config", str(file)], capture_output=True, text=True, cwd=tmp_path
+    )
+    assert completed.returncode == 1
+    lines = completed.stderr.strip().splitlines()
+    assert [line.split(": ", 2)[1] for line in lines] == [
+        "store.url",
+        "server.port",
+        "colour",
+        "rules.0.timeout",
+    ], lines
+    assert "NODBOT_TEST_NOT_SET is not set" in lines[0]
+    assert "Traceback" not in completed.stderr

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from bot.policy import rules_executor
-from bot.slack.reviews import NOT_ITS_MESSAGE
-from core import ToolCall
+from nodbot.bot.policy import rules_executor
+from nodbot.bot.slack.reviews import NOT_ITS_MESSAGE
+from nodbot.core import ToolCall
 from tests.bot.test_slack import Bot, slack_bot
 from tests.fakes.slack import Message
 

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from bot.config import (
+from nodbot.bot.config import (
     AllOf,
     AnyOf,
     Config,
@@ -26,8 +26,8 @@ from bot.config import (
     parse_duration,
     parse_reviewer,
 )
-from core import ConfigurationError, InterruptRule, should_interrupt
-from core.rules import Comparison, FieldPatterns, Matches
+from nodbot.core import ConfigurationError, InterruptRule, should_interrupt
+from nodbot.core.rules import Comparison, FieldPatterns, Matches
 from tests.bot.test_cli import nodbot
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -352,15 +352,15 @@ def test_a_missing_variable_is_an_error_naming_it_and_its_line(
         """
         server:
           host: ${NODBOT_TEST_MISSING}
-        slack:
-          token: ${NODBOT_TEST_ALSO_MISSING}
+        store:
+          url: ${NODBOT_TEST_ALSO_MISSING}
         """,
     )
     assert found == [
         f"{tmp_path / 'nodbot.yml'}:2: server.host: the environment variable "
         "NODBOT_TEST_MISSING is not set; set it, or give a default with "
         "${NODBOT_TEST_MISSING:-default}",
-        f"{tmp_path / 'nodbot.yml'}:4: slack.token: the environment variable "
+        f"{tmp_path / 'nodbot.yml'}:4: store.url: the environment variable "
         "NODBOT_TEST_ALSO_MISSING is not set; set it, or give a default with "
         "${NODBOT_TEST_ALSO_MISSING:-default}",
     ]
@@ -438,7 +438,7 @@ def test_duplicate_keys_are_errors_naming_both_lines(tmp_path: Path) -> None:
     [
         ("server: !!python/object:os.system x\n", "server: cannot read this value"),
         ("rules: !!set {a, b}\n", "rules: the YAML tag tag:yaml.org,2002:set is not supported"),
-        ("slack: &loop {self: *loop}\n", "slack.self: an alias refers to a value that contains"),
+        ("web: &loop {self: *loop}\n", "web.self: an alias refers to a value that contains"),
     ],
 )
 def test_unsafe_tags_and_recursive_aliases_are_refused(
@@ -480,7 +480,7 @@ def test_an_unknown_top_level_key_names_the_file_line_and_expected_keys(tmp_path
     assert problem == (
         f"{tmp_path / 'nodbot.yml'}:2: servers: unknown key 'servers'; expected one of: "
         "store, server, workers, agents, reviewer_groups, people, rules, defaults, slack, email, "
-        "api, web, webhooks, audit"
+        "api, web, webhooks, audit, log"
     )
 
 
@@ -1035,7 +1035,7 @@ def test_edit_bounds_need_a_review_that_allows_edits(tmp_path: Path) -> None:
 # --- agents ---------------------------------------------------------------------------------
 
 AGENTS_MODULE = """
-from core import Agent, ScriptedChat, ToolRegistry
+from nodbot.core import Agent, ScriptedChat, ToolRegistry
 
 tools = ToolRegistry()
 

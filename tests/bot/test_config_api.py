@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from bot.config import ApiConfig, ApiToken, Config, ConfigError, load_config
+from nodbot.bot.config import ApiConfig, ApiToken, Config, ConfigError, load_config
 from tests.bot.test_config import EXAMPLE, only_problem, problems_of, write
 
 SECRET = "s3cret-token-of-ana"

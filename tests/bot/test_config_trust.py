@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from bot.config import Config, load_config, trust_warnings
-from bot.serve import serving
+from nodbot.bot.config import Config, load_config, trust_warnings, undecidable_warning
+from nodbot.bot.serve import serving
 from tests.bot.test_cli import nodbot
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -327,10 +327,10 @@ async def test_serve_logs_the_warnings_at_start(
         monkeypatch.setenv(name, value)
     monkeypatch.setenv("NODBOT_TOKEN_ANA", "short-token-of-ana-00")
     monkeypatch.chdir(tmp_path)
-    with caplog.at_level(logging.WARNING, logger="bot.serve"):
+    with caplog.at_level(logging.WARNING, logger="nodbot.bot.serve"):
         async with serving(str(path)) as bot:
             assert bot.url.startswith("http://127.0.0.1:")
-    logged = [record.getMessage() for record in caplog.records if record.name == "bot.serve"]
+    logged = [record.getMessage() for record in caplog.records if record.name == "nodbot.bot.serve"]
     assert [brief(line) for line in logged] == [
         f"{path}:9: api.tokens.0.token: a weak secret",
         f"{path}:12: web.secret: a secret written",
@@ -347,3 +347,17 @@ def test_a_configuration_not_read_from_a_file_is_checked_too() -> None:
         "<config>: web.secret: a weak secret",
         "<config>: server.host: the bot listens",
     ]
+
+
+def test_serve_warns_when_nobody_can_decide_a_review() -> None:
+    rule = {"tool": "refund", "reviewers": ["lead@example.com"]}
+    lonely = Config.model_validate({"rules": [rule]})
+    warning = undecidable_warning(lonely)
+    assert warning is not None and "nobody can decide a review" in warning
+    assert "approvals:decide" in warning and "web.secret" in warning and "slack" in warning
+    assert undecidable_warning(Config.model_validate({})) is None  # no review is ever opened
+    with_inbox = Config.model_validate({"rules": [rule], "web": {"secret": "s" * 40}})
+    assert undecidable_warning(with_inbox) is None
+    token = {"name": "lead", "token": "t" * 40, "scopes": ["approvals:decide"]}
+    with_token = Config.model_validate({"rules": [rule], "api": {"tokens": [token]}})
+    assert undecidable_warning(with_token) is None

@@ -22,7 +22,7 @@ import asyncpg
 import httpx
 import pytest
 
-from core import Decision, SqlApprovalStore
+from nodbot.core import Decision, SqlApprovalStore
 from tests.bot.processes import nodbot_serve
 from tests.support import eventually, postgres_database, postgres_server_url
 

@@ -17,10 +17,10 @@ from pathlib import Path
 import httpx
 import pytest
 
-from bot.config import load_config
-from bot.config.agents import report_agents
-from bot.policy import RulesPort, authorize_by_rules, rules_executor
-from core import (
+from nodbot.bot.config import load_config
+from nodbot.bot.config.agents import report_agents
+from nodbot.bot.policy import RulesPort, authorize_by_rules, rules_executor
+from nodbot.core import (
     Decision,
     Executor,
     InterruptRule,
@@ -231,7 +231,7 @@ AGENT_MODULE = '''
 
 import os
 
-from core import Agent, ChatResponse, ScriptedChat, ToolCall, ToolRegistry
+from nodbot.core import Agent, ChatResponse, ScriptedChat, ToolCall, ToolRegistry
 
 tools = ToolRegistry()
 

@@ -14,11 +14,11 @@ from typing import Any
 import httpx
 import pytest
 
-from bot.bounds import edit_refusal, parse_bounds
-from bot.config import load_config
-from bot.policy import rules_executor
-from bot.serve import serving
-from core import MemoryApprovalStore, ToolCall, ToolRegistry
+from nodbot.bot.bounds import edit_refusal, parse_bounds
+from nodbot.bot.config import load_config
+from nodbot.bot.policy import rules_executor
+from nodbot.bot.serve import serving
+from nodbot.core import MemoryApprovalStore, ToolCall, ToolRegistry
 from tests.bot.test_slack import API, ROOT, TOKEN, Bot
 from tests.bot.test_web_inbox import decide, text_of
 from tests.fakes.slack import slack_fake

@@ -9,8 +9,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from bot.serve import serving
-from core import (
+from nodbot.bot.serve import serving
+from nodbot.core import (
     DeferredApproval,
     Executor,
     SqlApprovalStore,

@@ -14,10 +14,10 @@ import httpx
 import pytest
 import uvicorn
 
-from bot.authorize import Verdict
-from bot.config import ApiToken
-from bot.http import AuthorizeDecision, create_app
-from core import (
+from nodbot.bot.authorize import Verdict
+from nodbot.bot.config import ApiToken
+from nodbot.bot.http import AuthorizeDecision, create_app
+from nodbot.core import (
     ApprovalRecord,
     Decision,
     DeferredApproval,

@@ -17,8 +17,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from bot.http.limits import DECIDE_BODY, SLACK_BODY
-from bot.serve import Served, serving
+from nodbot.bot.http.limits import DECIDE_BODY, SLACK_BODY
+from nodbot.bot.serve import Served, serving
 from tests.bot.webhook_receiver import SECRET as RECEIVER_SECRET
 from tests.bot.webhook_receiver import Receiver, receiving
 from tests.fakes.slack import slack_fake

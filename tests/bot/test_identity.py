@@ -16,13 +16,13 @@ import httpx
 import pytest
 from slack_sdk.web.async_client import AsyncWebClient
 
-from bot.cli import main
-from bot.config import ConfigError, load_config
-from bot.people import IdentityUnavailable, People
-from bot.policy import SELF_APPROVAL_REASON
-from bot.serve import Served, serving
-from bot.slack.directory import Directory
-from core import ApprovalEvent, ApprovalRecord
+from nodbot.bot.cli import main
+from nodbot.bot.config import ConfigError, load_config
+from nodbot.bot.people import IdentityUnavailable, People
+from nodbot.bot.policy import SELF_APPROVAL_REASON
+from nodbot.bot.serve import Served, serving
+from nodbot.bot.slack.directory import Directory
+from nodbot.core import ApprovalEvent, ApprovalRecord
 from tests.fakes.slack import Message, SlackFake, User, interactive_request, slack_fake
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -272,7 +272,8 @@ async def test_a_user_group_member_decides_in_the_inbox(
         browser = await bot.signed_in("lead@example.com")
         inbox = await browser.get("/inbox")
         assert approval_id in inbox.text
-        answer = await inbox_decide(browser, approval_id, "approve")
+        # refund is destructive: the approve is confirmed, as on the inbox's confirm step
+        answer = await inbox_decide(browser, approval_id, "approve", confirm="yes")
         assert answer.status_code == 303, answer.text
         record = await bot.record(approval_id)
         assert record.status == "approved"

@@ -10,8 +10,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from bot.people import People
-from core import Decision
+from nodbot.bot.people import People
+from nodbot.core import Decision
 from tests.bot.test_web_inbox import (
     CAROL,
     LEAD,

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from bot.config import load_config
-from bot.policy import authorize_by_rules, rules_executor
-from core import (
+from nodbot.bot.config import load_config
+from nodbot.bot.policy import authorize_by_rules, rules_executor
+from nodbot.core import (
     ApprovalRecord,
     ApprovalRequest,
     Decision,
@@ -20,7 +20,7 @@ from core import (
     ToolResult,
     arguments_digest,
 )
-from core.store import utc_now
+from nodbot.core.store import utc_now
 
 RULES = r"""
 rules:

@@ -13,8 +13,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from bot.serve import serving
-from core import Decision, SqlApprovalStore
+from nodbot.bot.serve import serving
+from nodbot.core import Decision, SqlApprovalStore
 from tests.bot import ledger_agent
 from tests.bot.processes import nodbot_serve
 from tests.bot.webhook_receiver import SECRET, receiving

@@ -13,9 +13,9 @@ from typing import Any
 import httpx
 import pytest
 
-from bot.http.approvals import STARTS_FOR_OTHERS_REASON
-from bot.policy import SELF_APPROVAL_REASON
-from bot.serve import Served, serving
+from nodbot.bot.http.approvals import STARTS_FOR_OTHERS_REASON
+from nodbot.bot.policy import SELF_APPROVAL_REASON
+from nodbot.bot.serve import Served, serving
 
 SECRETS = {
     "mallory@example.com": "token-of-mallory-000",

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from bot.serve import serving
+from nodbot.bot.serve import serving
 from tests.bot.test_cli import nodbot
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -18,9 +18,9 @@ import httpx
 import pytest
 import yaml
 
-from bot.policy import SELF_APPROVAL_REASON, rules_executor
-from bot.serve import Served, serving
-from core import ApprovalRecord, Delivery, ToolCall
+from nodbot.bot.policy import SELF_APPROVAL_REASON, rules_executor
+from nodbot.bot.serve import Served, serving
+from nodbot.core import ApprovalRecord, Delivery, ToolCall
 from tests.fakes.slack import (
     Ephemeral,
     Message,
@@ -490,7 +490,8 @@ async def test_a_decision_in_the_web_inbox_updates_the_slack_messages(bot: Bot) 
         page = await browser.get(f"/inbox/approvals/{approval_id}")
         csrf = re.search(r'name="csrf" value="([^"]+)"', page.text)
         assert csrf is not None, page.text
-        form = {"action": "approve", "csrf": csrf.group(1)}
+        # refund is destructive: the approve is confirmed, as on the inbox's confirm step
+        form = {"action": "approve", "csrf": csrf.group(1), "confirm": "yes"}
         done = await browser.post(f"/inbox/approvals/{approval_id}/decide", data=form)
         assert done.status_code == 200, done.text
     await bot.updated(message)

@@ -8,11 +8,11 @@ from datetime import UTC, datetime
 from enum import Enum
 from typing import Any
 
-from bot.forms import edit_fields
-from bot.slack.messages import decided_message, deny_modal, edit_modal, request_message
-from bot.slack.text import code, escape
-from core import ApprovalRequest, Decision, ToolRegistry, arguments_digest
-from core.store import ApprovalRecord
+from nodbot.bot.forms import edit_fields
+from nodbot.bot.slack.messages import decided_message, deny_modal, edit_modal, request_message
+from nodbot.bot.slack.text import code, escape
+from nodbot.core import ApprovalRequest, Decision, ToolRegistry, arguments_digest
+from nodbot.core.store import ApprovalRecord
 from tests.fakes.slack import block_errors, view_errors
 
 NOW = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)

@@ -15,8 +15,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from bot.policy import rules_executor
-from core import Delivery, ToolCall
+from nodbot.bot.policy import rules_executor
+from nodbot.core import Delivery, ToolCall
 from tests.bot.processes import nodbot_serve
 from tests.bot.test_slack import API, TOKEN, Bot, actions_of, slack_bot
 from tests.fakes.slack import Message, User, slack_fake
@@ -147,7 +147,7 @@ async def test_a_thread_that_cannot_be_read_is_posted_with_a_warning(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     async with slack_bot(tmp_path, monkeypatch) as bot:
-        caplog.set_level(logging.WARNING, logger="bot.slack.channel")
+        caplog.set_level(logging.WARNING, logger="nodbot.bot.slack.channel")
         bot.slack.fail("chat.postMessage", "internal_error", where=thread_posts)
         bot.slack.fail("conversations.replies", "missing_scope")  # no im:history granted
         approval_id = await pause_with_long_arguments(bot)

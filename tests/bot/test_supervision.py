@@ -13,11 +13,11 @@ from typing import Any
 import httpx
 import pytest
 
-from bot.config import load_agents, load_config
-from bot.http import create_app
-from bot.outbox import Moment
-from bot.service import BotService
-from core import ApprovalRecord, Delivery, NewDelivery, SqlApprovalStore
+from nodbot.bot.config import load_agents, load_config
+from nodbot.bot.http import create_app
+from nodbot.bot.outbox import Moment
+from nodbot.bot.service import BotService
+from nodbot.core import ApprovalRecord, Delivery, NewDelivery, SqlApprovalStore
 from tests.support import eventually
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -83,7 +83,7 @@ async def test_a_failing_step_is_logged_retried_and_reported_unhealthy(
     bot: Any, caplog: pytest.LogCaptureFixture
 ) -> None:
     service, channel, client, working = bot
-    caplog.set_level(logging.ERROR, logger="bot.service")
+    caplog.set_level(logging.ERROR, logger="nodbot.bot.service")
     run = await service.start_run("ledger", "refund o-1 3", requested_by=None)
     assert run.status == "waiting"
 

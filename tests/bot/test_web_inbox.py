@@ -14,6 +14,7 @@ import subprocess
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal
 from urllib.parse import parse_qs, urlsplit
@@ -22,15 +23,15 @@ import httpx
 import pytest
 import uvicorn
 
-from bot.authorize import Verdict, authorizer_for
-from bot.config import Config, load_config
-from bot.forms import edit_fields, parse_edit
-from bot.http import AuthorizeDecision, create_app
-from bot.policy import SELF_APPROVAL_REASON, rules_executor
-from bot.serve import serving
-from bot.web import WebInbox, sign_in_link
-from bot.web.signing import Signer
-from core import (
+from nodbot.bot.authorize import Verdict, authorizer_for
+from nodbot.bot.config import Config, load_config
+from nodbot.bot.forms import edit_fields, parse_edit
+from nodbot.bot.http import AuthorizeDecision, create_app
+from nodbot.bot.policy import SELF_APPROVAL_REASON, rules_executor
+from nodbot.bot.serve import serving
+from nodbot.bot.web import WebInbox, sign_in_link
+from nodbot.bot.web.signing import Signer
+from nodbot.core import (
     ApprovalRecord,
     Decision,
     DeferredApproval,
@@ -39,6 +40,7 @@ from core import (
     SqlApprovalStore,
     ToolCall,
     ToolContext,
+    ToolMessage,
     ToolRegistry,
 )
 from tests.bot.test_cli import nodbot
@@ -74,6 +76,9 @@ rules:
   - tool: ping
     reviewers: [{LEAD}]
     allowed_decisions: [approve, deny]
+  - tool: drop_table
+    reviewers: [{LEAD}]
+    timeout: 30m
 """
 
 
@@ -125,6 +130,12 @@ def registry_of(ran: list[str]) -> ToolRegistry:
     def ping(host: str) -> str:
         """Ping a host."""
         return "pong"
+
+    @registry.tool(effects="destructive")
+    def drop_table(name: str) -> str:
+        """Drop a table."""
+        ran.append(f"drop {name}")
+        return f"dropped {name}"
 
     return registry
 
@@ -389,7 +400,9 @@ async def test_signing_out_ends_the_session(web: Inbox) -> None:
     assert refused.status_code == 403
     assert (await client.get("/inbox")).status_code == 200
     out = await client.post("/inbox/logout", data={"csrf": csrf_of(page)})
-    assert out.status_code == 200 and "You are signed out" in out.text
+    # A redirect, so that a refresh does not post the form again.
+    assert (out.status_code, out.headers["location"]) == (303, "/inbox/signed-out")
+    assert "You are signed out" in (await client.get("/inbox/signed-out")).text
     assert "nodbot_session" not in client.cookies
     # The old cookie, kept by someone, no longer works either.
     again = await web.browser().get("/inbox", headers={"Cookie": f"nodbot_session={cookie}"})
@@ -433,7 +446,7 @@ async def test_approving_through_the_form_records_the_reviewer_and_channel_web(
         ("decided", SLACK_LEAD, "web"),
     ]
     after = text_of(await client.get(answer.headers["location"]))
-    assert f"approved by {SLACK_LEAD} at {record.decided_at:%Y-%m-%d %H:%M:%S} UTC" in after
+    assert f"approved by {SLACK_LEAD} just now" in after
     assert 'value="approve"' not in after
 
     inbox = text_of(await client.get("/inbox"))
@@ -784,6 +797,7 @@ async def test_a_decision_made_in_the_inbox_finishes_the_run(
         assert (result["status"], result["arguments"]["amount"]) == ("ok", 100.0)
         page = text_of(await client.get(f"/inbox/approvals/{pending['approval_id']}"))
         assert "The call has ended: ok." in page
+        assert "Result: refunded 100.0 on A-1001" in page  # from the run's tool message
         metrics = (await client.get("/metrics")).text.splitlines()
         assert "nodbot_decisions_total 1" in metrics
 
@@ -863,3 +877,131 @@ async def test_a_long_or_deep_value_in_an_edit_is_422_beside_its_field(web: Inbo
     assert "nested too deeply" in text_of(deep)
     assert (await web.store.get(approval_id)).status == "pending"
     assert await web.events(approval_id) == [("created", CAROL, None)]
+
+
+# --- what reviewers see ---------------------------------------------------------------------
+
+
+def iso(moment: datetime | None) -> str:
+    assert moment is not None
+    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+async def test_an_edit_is_shown_beside_the_original_value_and_who_decided(web: Inbox) -> None:
+    _, _, approval_id = await web.pending()
+    client = await web.signed_in(LEAD)
+    assert (await decide(client, approval_id, "edit", **{"arg.amount": "100"})).status_code == 303
+    page = await client.get(f"/inbox/approvals/{approval_id}")
+    assert re.search(r"<del[^>]*>500.0</del>\s*→\s*<ins[^>]*>100</ins>", page.text), page.text
+    assert "amount 500.0 → 100 (edited)" in text_of(page)
+    assert "order_id o-7" in text_of(page)  # not edited: shown once
+    listed = await client.get("/inbox")
+    assert re.search(r"<del[^>]*>500.0</del>\s*→\s*<ins[^>]*>100</ins>", listed.text)
+    assert f"edited and approved {LEAD}" in text_of(listed)
+
+
+async def test_approving_a_destructive_tool_asks_to_confirm_first(web: Inbox) -> None:
+    call, ctx, approval_id = await web.pending("drop_table", name="orders")
+    client = await web.signed_in(LEAD)
+    first = await decide(client, approval_id, "approve")
+    assert first.status_code == 303
+    assert first.headers["location"] == f"/inbox/approvals/{approval_id}?confirm=approve"
+    assert (await web.store.get(approval_id)).status == "pending"
+    assert await web.events(approval_id) == [("created", CAROL, None)]
+
+    step = await client.get(first.headers["location"])
+    assert step.status_code == 200
+    assert "drop_table changes things that may not be undone" in text_of(step)
+    assert 'name="confirm" value="yes"' in step.text
+    url = f"/inbox/approvals/{approval_id}/decide"
+    forged = await client.post(url, data={"action": "approve", "confirm": "yes", "csrf": "x"})
+    assert forged.status_code == 403
+    assert await web.events(approval_id) == [("created", CAROL, None)]
+
+    confirmed = await client.post(
+        url, data={"action": "approve", "confirm": "yes", "csrf": csrf_of(step)}
+    )
+    assert (confirmed.status_code, confirmed.headers["location"]) == (
+        303,
+        f"/inbox/approvals/{approval_id}",
+    )
+    assert (await web.store.get(approval_id)).status == "approved"
+    result = await web.executor.run_call(call, ctx)
+    assert (result.status, web.ran) == ("ok", ["drop orders"])
+
+
+async def test_a_deny_of_a_destructive_tool_needs_no_confirmation(web: Inbox) -> None:
+    _, _, approval_id = await web.pending("drop_table", name="orders")
+    client = await web.signed_in(LEAD)
+    answer = await decide(client, approval_id, "deny", reason="no")
+    assert (answer.status_code, answer.headers["location"]) == (
+        303,
+        f"/inbox/approvals/{approval_id}",
+    )
+    assert (await web.store.get(approval_id)).status == "denied"
+
+
+async def test_times_are_said_in_words_with_the_exact_time_on_hover(web: Inbox) -> None:
+    _, _, approval_id = await web.pending("drop_table", name="orders")
+    record = await web.store.get(approval_id)
+    deadline = iso(record.request.deadline)
+    client = await web.signed_in(LEAD)
+    listed = await client.get("/inbox")
+    assert f'<time datetime="{deadline}" title="{deadline}">in 30 min</time>' in listed.text
+    assert f'title="{iso(record.created_at)}">just now</time>' in listed.text
+    web.clock.now += 16 * 60
+    listed = await client.get("/inbox")
+    assert f'title="{deadline}">in 14 min</time>' in listed.text
+    page = text_of(await client.get(f"/inbox/approvals/{approval_id}"))
+    assert "Asked at 16 min ago" in page and "Deadline in 14 min" in page
+
+    assert (await decide(client, approval_id, "deny")).status_code == 303
+    web.clock.now += 3 * 3600
+    later = await web.signed_in(LEAD)  # the first session has ended by now
+    decided = await web.store.get(approval_id)
+    listed = await later.get("/inbox")
+    assert f'title="{iso(decided.decided_at)}">3 h ago</time>' in listed.text
+    page = text_of(await later.get(f"/inbox/approvals/{approval_id}"))
+    assert f"denied by {LEAD} 3 h ago" in page and "Deadline 3 h ago" in page
+
+
+async def test_two_reviews_of_one_tool_are_told_apart_in_the_list(web: Inbox) -> None:
+    runs = ["run_0192f0aa0000aaaa0001", "run_0192f0aa0000aaaa0002"]
+    ids = [(await web.pending(run_id=run))[2] for run in runs]
+    client = await web.signed_in(LEAD)
+    listed = await client.get("/inbox")
+    shown = text_of(listed)
+    for run, approval_id in zip(runs, ids, strict=True):
+        assert f"run_…{run[-8:]}" in shown and f'title="{run}"' in listed.text
+        assert f"apr_…{approval_id[-8:]}" in shown and f'title="{approval_id}"' in listed.text
+    assert shown.count("just now") >= 2  # each one's time
+
+
+async def test_every_successful_post_is_a_redirect(web: Inbox) -> None:
+    _, _, approval_id = await web.pending()
+    client = await web.signed_in(LEAD)
+    posts = [
+        await decide(client, approval_id, "edit", **{"arg.amount": "1"}),
+        await client.post("/inbox/logout", data={"csrf": csrf_of(await client.get("/inbox"))}),
+    ]
+    assert [answer.status_code for answer in posts] == [303, 303]
+
+
+async def test_an_edit_and_a_result_are_escaped(web: Inbox) -> None:
+    script = "<script>alert(1)</script>"
+    run = await web.store.create_run(agent="app", messages=[], worker="w", run_id="run_x")
+    configured: dict[str, Any] = dict(CONFIGURE)
+    call, ctx, approval_id = await web.pending("configure", run_id="run_x", **configured)
+    client = await web.signed_in(LEAD)
+    edit = {"arg.name": script}
+    assert (await decide(client, approval_id, "edit", **edit)).status_code == 303
+    assert (await web.executor.run_call(call, ctx)).status == "ok"
+    answer = ToolMessage(
+        tool_call_id="c1", name="configure", content=json.dumps({"result": script}), status="ok"
+    )
+    await web.store.save_run(run, status="finished", messages=[answer])
+    pages = [await client.get(f"/inbox/approvals/{approval_id}"), await client.get("/inbox")]
+    for page in pages:
+        assert "<script" not in page.text
+        assert '→ <ins title="what ran">&lt;script&gt;alert(1)&lt;/script&gt;</ins>' in page.text
+    assert f"Result: {script}" in text_of(pages[0])

@@ -13,10 +13,10 @@ from typing import Any
 
 import pytest
 
-from bot.config import Webhook
-from bot.outbox import Dispatcher, backoff
-from bot.webhooks import InvalidSignature, WebhookChannel, sign, verify_signature
-from core import ApprovalRequest, Decision, SqlApprovalStore, arguments_digest
+from nodbot.bot.config import Webhook
+from nodbot.bot.outbox import Dispatcher, backoff
+from nodbot.bot.webhooks import InvalidSignature, WebhookChannel, sign, verify_signature
+from nodbot.core import ApprovalRequest, Decision, SqlApprovalStore, arguments_digest
 from tests.bot.webhook_receiver import SECRET, Receiver, receiving
 from tests.core.store.conftest import database_url
 

@@ -17,7 +17,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from bot.webhooks import InvalidSignature, verify_signature
+from nodbot.bot.webhooks import InvalidSignature, verify_signature
 
 SECRET = "webhook-secret-0000000"
 

@@ -7,7 +7,7 @@ import hmac
 from datetime import UTC, datetime, timedelta, timezone
 from typing import Any
 
-from core.audit import EventHasher, chain_key, hmac_pads, message, moment_text
+from nodbot.core.audit import EventHasher, chain_key, hmac_pads, message, moment_text
 
 AT = datetime(2026, 1, 2, 3, 4, 5, 6, tzinfo=UTC)
 

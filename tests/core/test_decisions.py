@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from core import (
+from nodbot.core import (
     Decision,
     InvalidDecisionError,
     ToolDecision,

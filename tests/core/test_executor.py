@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from core import (
+from nodbot.core import (
     ApprovalAlreadyDecided,
     ApprovalDenied,
     ApprovalMismatchError,

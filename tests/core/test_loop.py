@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from pydantic import TypeAdapter
 
-from core import (
+from nodbot.core import (
     Agent,
     ApprovalPort,
     AssistantMessage,

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from core import (
+from nodbot.core import (
     ConfigurationError,
     InterruptRule,
     Predicate,

@@ -14,7 +14,7 @@ from typing import TypeAlias
 import pytest
 from pydantic import TypeAdapter
 
-from core import (
+from nodbot.core import (
     Agent,
     ApprovalStore,
     ChatResponse,
@@ -307,7 +307,7 @@ async def test_a_call_that_ran_while_the_database_was_locked_is_recorded_not_fai
         [pending] = await store.list(run_id=run.run_id, status="pending")
         await executor.decide(pending.approval_id, True, decided_by="ana")
         [claimed] = await store.claim_ready(worker="w2")
-        caplog.set_level(logging.WARNING, logger="core.retrying")
+        caplog.set_level(logging.WARNING, logger="nodbot.core.retrying")
         advancing = asyncio.create_task(
             advance_run(claimed, agent=agent, executor=executor, runs=store)
         )

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from core import (
+from nodbot.core import (
     ConfigurationError,
     Executor,
     InvalidArgumentsError,
@@ -27,7 +27,7 @@ from core import (
     UnknownToolError,
     arguments_digest,
 )
-from core.tools import canonical_json
+from nodbot.core.tools import canonical_json
 
 
 @pytest.fixture

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import sys
 from pathlib import Path
 
+import httpx
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -84,4 +86,32 @@ def test_the_bot_demo_pauses_the_refund_and_finishes_after_the_decision(
     assert lines[0].startswith("nodbot is serving http://127.0.0.1:")
     assert lines[1].endswith("asks: refund {'amount': 120.0, 'order_id': 'A-1001'}")
     assert any(line.startswith(expected) for line in lines), completed.stdout
-    assert lines[-1].split(": ", 1)[0].endswith("finished")
+    assert lines[-2].split(": ", 1)[0].endswith("finished")
+    assert lines[-1].startswith("nodbot stopped")
+
+
+def test_the_bot_demo_keeps_serving_until_ctrl_c_and_says_it_stopped() -> None:
+    command = [sys.executable, str(ROOT / "examples" / "bot_demo.py"), "--auto", "approve"]
+    demo = subprocess.Popen(
+        [*command, "--port", "0", "--keep-serving"],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert demo.stdout is not None
+        lines = []
+        while not (line := demo.stdout.readline()).startswith("nodbot keeps serving"):
+            assert line, f"the demo ended: {''.join(lines)}{demo.communicate()[1]}"
+            lines.append(line)
+        url = line.split()[3]
+        assert httpx.get(f"{url}/healthz", timeout=10).status_code == 200  # still serving
+        demo.send_signal(signal.SIGINT)
+        rest, _ = demo.communicate(timeout=30)
+    finally:
+        if demo.poll() is None:
+            demo.kill()
+            demo.communicate()
+    assert rest.splitlines()[-1].startswith("nodbot stopped"), rest
+    assert demo.returncode == 0

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from alembic import context
 
-from core.sqlstore.schema import metadata
+from nodbot.core.sqlstore.schema import metadata
 
 connection = context.config.attributes["connection"]
 context.configure(

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from core import ApprovalStore, MemoryApprovalStore
-from core.sqlstore import SqlApprovalStore
+from nodbot.core import ApprovalStore, MemoryApprovalStore
+from nodbot.core.sqlstore import SqlApprovalStore
 from tests.support import postgres_database
 
 BACKENDS = ["memory", "sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)]

@@ -17,7 +17,7 @@ import asyncpg
 import pytest
 from sqlalchemy import Connection
 
-from core import (
+from nodbot.core import (
     ApprovalAlreadyDecided,
     ApprovalAlreadyVoted,
     ApprovalRequest,
@@ -33,11 +33,11 @@ from core import (
     ToolRegistry,
     arguments_digest,
 )
-from core.audit import EventHasher
-from core.sqlstore.audit import verify
-from core.sqlstore.engine import normalize_url, open_engine
-from core.sqlstore.migrate import _config
-from core.sqlstore.postgres import chain_settings
+from nodbot.core.audit import EventHasher
+from nodbot.core.sqlstore.audit import verify
+from nodbot.core.sqlstore.engine import normalize_url, open_engine
+from nodbot.core.sqlstore.migrate import _config
+from nodbot.core.sqlstore.postgres import chain_settings
 from tests.core.store.conftest import database_url
 
 SQL_BACKENDS = ["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)]

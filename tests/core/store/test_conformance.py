@@ -8,7 +8,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from core import (
+from nodbot.core import (
     ApprovalAlreadyConsumed,
     ApprovalAlreadyDecided,
     ApprovalAlreadyVoted,

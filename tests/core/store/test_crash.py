@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from core import Executor, ToolResult
-from core.sqlstore import SqlApprovalStore
-from core.store import CONCURRENT_USE_REASON
+from nodbot.core import Executor, ToolResult
+from nodbot.core.sqlstore import SqlApprovalStore
+from nodbot.core.store import CONCURRENT_USE_REASON
 from tests.core.store.conftest import database_url
 from tests.core.store.workers import (
     CALL,

@@ -11,8 +11,8 @@ from alembic.runtime.migration import MigrationContext
 from sqlalchemy import Connection
 from sqlalchemy.ext.asyncio import create_async_engine
 
-from core.sqlstore import SqlApprovalStore
-from core.sqlstore.schema import metadata
+from nodbot.core.sqlstore import SqlApprovalStore
+from nodbot.core.sqlstore.schema import metadata
 from tests.core.store.conftest import database_url
 
 SQL_BACKENDS = ["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)]

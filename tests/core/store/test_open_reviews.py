@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy import create_engine
 
-from core import (
+from nodbot.core import (
     ApprovalRequest,
     ApprovalStore,
     Decision,
@@ -23,8 +23,8 @@ from core import (
     SqlApprovalStore,
     arguments_digest,
 )
-from core.sqlstore import postgres, sqlite
-from core.sqlstore.migrate import _config
+from nodbot.core.sqlstore import postgres, sqlite
+from nodbot.core.sqlstore.migrate import _config
 from tests.core.store.conftest import BACKENDS, database_url
 
 UNRELATED = 150

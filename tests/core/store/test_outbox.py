@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from core import (
+from nodbot.core import (
     ApprovalRequest,
     Decision,
     DeliveryLost,

@@ -17,10 +17,10 @@ from typing import Any
 
 import pytest
 
-from core import ToolResult
-from core.sqlstore import SqlApprovalStore
-from core.sqlstore.audit import verify
-from core.store import CONCURRENT_USE_REASON
+from nodbot.core import ToolResult
+from nodbot.core.sqlstore import SqlApprovalStore
+from nodbot.core.sqlstore.audit import verify
+from nodbot.core.store import CONCURRENT_USE_REASON
 from tests.core.store.conftest import database_url
 from tests.core.store.workers import CALL, RUN_ID, Child, build_executor, children, read_lines
 

@@ -7,7 +7,7 @@ import asyncio
 
 import pytest
 
-from core import (
+from nodbot.core import (
     ApprovalAlreadyDecided,
     ApprovalMismatchError,
     ApprovalStore,

@@ -11,8 +11,8 @@ import pytest
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import create_async_engine
 
-from core import ApprovalRequest, StoreSchemaError, StoreUnavailableError, arguments_digest
-from core.sqlstore import MIGRATE_COMMAND, SqlApprovalStore, head_revision
+from nodbot.core import ApprovalRequest, StoreSchemaError, StoreUnavailableError, arguments_digest
+from nodbot.core.sqlstore import MIGRATE_COMMAND, SqlApprovalStore, head_revision
 from tests.core.store.conftest import database_url
 
 ROOT = Path(__file__).resolve().parents[3]

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from core import (
+from nodbot.core import (
     ApprovalNotFound,
     ApprovalRequest,
     ApprovalStore,

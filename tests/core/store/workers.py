@@ -30,7 +30,7 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from core import (
+from nodbot.core import (
     ApprovalRequest,
     Decision,
     DeferredApproval,
@@ -39,7 +39,7 @@ from core import (
     ToolRegistry,
     arguments_digest,
 )
-from core.sqlstore import SqlApprovalStore
+from nodbot.core.sqlstore import SqlApprovalStore
 
 ROOT = Path(__file__).resolve().parents[3]
 RUN_ID = "run_1"

@@ -14,8 +14,8 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import context, op
 
-from core.audit import EventHasher
-from core.sqlstore.schema import UTCDateTime
+from nodbot.core.audit import EventHasher
+from nodbot.core.sqlstore.schema import UTCDateTime
 
 revision = "0007"
 down_revision = "0006"

@@ -14,7 +14,7 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-from core.sqlstore.schema import UTCDateTime
+from nodbot.core.sqlstore.schema import UTCDateTime
 
 revision = "0009"
 down_revision = "0008"

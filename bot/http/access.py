@@ -1,0 +1,52 @@
+"""One log line per HTTP request: `request` with its method, path, status and duration.
+
+The path is logged without its query string, and no header is: a sign-in link carries its
+token in the query (`/inbox/login?token=...`), and requests carry bearer tokens and session
+cookies in their headers.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+__all__ = ["AccessLog"]
+
+log = logging.getLogger(__name__)
+
+
+class AccessLog:
+    """Pure ASGI middleware: it only watches the response start go by, so streamed and
+    long-polled responses (`GET /runs/{id}?wait`) are not buffered. A request whose handler
+    raised, or whose client went away before an answer, is logged with status 500."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = time.perf_counter()
+        status = 500
+
+        async def watched(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, watched)
+        finally:
+            log.info(
+                "request",
+                extra={
+                    "method": scope["method"],
+                    "path": scope["path"],
+                    "status": status,
+                    "duration_ms": round((time.perf_counter() - started) * 1000, 1),
+                },
+            )

@@ -1,0 +1,163 @@
+"""The bot's logs: one line per record on stderr, as text or JSON (`log:` of the file).
+
+```
+text: 2026-12-01T13:53:20.123Z info nodbot.bot.http.access request method=POST path=/runs ...
+json: {"time": "2026-12-01T13:53:20.123Z", "level": "info", "logger": "...", "message":
+       "request", "method": "POST", "path": "/runs", "status": 201, "duration_ms": 3.1}
+```
+
+The bot logs with `logging` and `extra={...}`: those fields are the record's structured
+part, top-level keys in JSON and `key=value` pairs in text. An exception is the `error`
+field, on the same line. Every secret of the configuration (API tokens, `web.secret`, Slack's
+tokens and signing secret, webhook secrets, `audit.key`, the store's password) is replaced by
+`[secret]` in every line, whoever logged it: a library's debug line can hold a header.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+import traceback
+from collections.abc import Iterable, Iterator
+from datetime import UTC, datetime
+from typing import Any
+from urllib.parse import urlsplit
+
+from pydantic import BaseModel, SecretStr
+
+from nodbot.bot.config import Config, LogConfig
+
+__all__ = ["JsonFormatter", "TextFormatter", "config_secrets", "configure_logging"]
+
+REDACTED = "[secret]"
+MIN_SECRET = 8
+"""Shorter values are not redacted: they would blank out ordinary words (the configuration
+asks for at least 16 characters anyway)."""
+
+QUIET = ("aiosqlite", "asyncio", "hpack", "httpcore", "multipart", "slack_bolt", "slack_sdk")
+"""Libraries whose debug lines (every SQL statement, every HTTP frame and header) stay off
+even at `level: debug`: that level is for the bot's own details."""
+HUSHED = ("alembic.runtime.plugins", "httpx")
+"""Loggers kept to warnings: httpx's info line has each URL whole, query included (a
+webhook's address may hold a key), and the bot logs its deliveries itself."""
+
+# What every LogRecord has: anything else on a record came from `extra`.
+_STANDARD = set(logging.LogRecord("", 0, "", 0, "", (), None).__dict__) | {
+    "message",
+    "asctime",
+    "taskName",
+}
+
+
+def _fields(record: logging.LogRecord) -> dict[str, Any]:
+    """The structured fields of `record` (its `extra`)."""
+    return {
+        key: value
+        for key, value in record.__dict__.items()
+        if key not in _STANDARD and not key.startswith("_")
+    }
+
+
+class _Formatter(logging.Formatter):
+    """Common to both formats: the time, the exception on one line, the secrets redacted."""
+
+    def __init__(self, secrets: Iterable[str] = ()) -> None:
+        super().__init__()
+        # Longest first: a secret that contains another is redacted whole.
+        self.secrets = sorted({s for s in secrets if len(s) >= MIN_SECRET}, key=len, reverse=True)
+
+    def format(self, record: logging.LogRecord) -> str:
+        entry: dict[str, Any] = {
+            "time": datetime.fromtimestamp(record.created, UTC).isoformat(timespec="milliseconds"),
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "message": record.getMessage(),
+            **_fields(record),
+        }
+        if record.exc_info and record.exc_info[1] is not None:
+            entry["error"] = "".join(traceback.format_exception(record.exc_info[1])).strip()
+        line = self.render(entry)
+        for secret in self.secrets:
+            line = line.replace(secret, REDACTED)
+        return line
+
+    def render(self, entry: dict[str, Any]) -> str:
+        raise NotImplementedError
+
+
+class JsonFormatter(_Formatter):
+    """One JSON object per line."""
+
+    def render(self, entry: dict[str, Any]) -> str:
+        entry["time"] = entry["time"].replace("+00:00", "Z")
+        return json.dumps(entry, default=str, ensure_ascii=False)
+
+
+class TextFormatter(_Formatter):
+    """`time level logger message key=value...`, values with spaces or quotes quoted as JSON
+    strings (so a line splits back unambiguously, and newlines stay escaped)."""
+
+    def render(self, entry: dict[str, Any]) -> str:
+        time = entry.pop("time").replace("+00:00", "Z")
+        head = [time, entry.pop("level"), entry.pop("logger"), _one_line(entry.pop("message"))]
+        return " ".join([*head, *(f"{key}={_value(value)}" for key, value in entry.items())])
+
+
+def _one_line(text: str) -> str:
+    return text.replace("\r", "\\r").replace("\n", "\\n")
+
+
+def _value(value: object) -> str:
+    if value is None or isinstance(value, bool | int | float):
+        return json.dumps(value)
+    if isinstance(value, str):
+        plain = value and not any(c.isspace() or c in "\"'=\\" for c in value)
+        return value if plain else json.dumps(value, ensure_ascii=False)
+    return json.dumps(value, default=str, ensure_ascii=False, separators=(",", ":"))
+
+
+class _BotHandler(logging.StreamHandler):  # type: ignore[type-arg]
+    """The handler `configure_logging` installs (and replaces when called again)."""
+
+
+def configure_logging(config: LogConfig, *, secrets: Iterable[str] = ()) -> None:
+    """Send every log record of the process to stderr, one line each, in the format and from
+    the level of `config`, with each of `secrets` redacted. Called again, it replaces what it
+    installed before."""
+    root = logging.getLogger()
+    for handler in [h for h in root.handlers if isinstance(h, _BotHandler)]:
+        root.removeHandler(handler)
+    handler = _BotHandler(sys.stderr)
+    formatter = JsonFormatter if config.format == "json" else TextFormatter
+    handler.setFormatter(formatter(secrets))
+    root.addHandler(handler)
+    level = logging.getLevelNamesMapping()[config.level.upper()]
+    root.setLevel(level)
+    for name in QUIET:
+        logging.getLogger(name).setLevel(max(level, logging.INFO))
+    for name in HUSHED:
+        logging.getLogger(name).setLevel(max(level, logging.WARNING))
+
+
+def config_secrets(config: Config) -> list[str]:
+    """Every secret value of `config`: its `SecretStr` fields, and the store URL's password."""
+    found = list(_secrets_in(config))
+    password = urlsplit(config.store.url).password if "://" in config.store.url else None
+    if password:
+        found.append(password)
+    return found
+
+
+def _secrets_in(value: object) -> Iterator[str]:
+    if isinstance(value, SecretStr):
+        yield value.get_secret_value()
+    elif isinstance(value, BaseModel):
+        for name in type(value).model_fields:
+            yield from _secrets_in(getattr(value, name))
+    elif isinstance(value, list | tuple | set):
+        for item in value:
+            yield from _secrets_in(item)
+    elif isinstance(value, dict):
+        for item in value.values():
+            yield from _secrets_in(item)
