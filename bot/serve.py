@@ -23,6 +23,7 @@ from nodbot.bot.config import (
     undecidable_warning,
 )
 from nodbot.bot.config.agents import report_agents
+from nodbot.bot.email.channel import EmailChannel
 from nodbot.bot.http import create_app
 from nodbot.bot.logs import config_secrets, configure_logging
 from nodbot.bot.outbox import Channel
@@ -116,6 +117,9 @@ async def _serving(
         if config.slack is not None:
             slack_channel = SlackChannel(config.slack, store, registry)
             channels.append(slack_channel)
+        if config.email is not None:
+            secret = config.web.secret.get_secret_value() if config.web.secret else None
+            channels.append(EmailChannel(config.email, store, secret=secret))
         service = BotService(config, store, agents, channels=channels, registry=registry)
         authorizer = authorizer_for(config, slack_channel, runs=store)
         slack = None

@@ -225,8 +225,16 @@ class BotService:
         return advanced
 
     async def close(self) -> None:
-        """Let go of the channels' connections."""
+        """Let go of the channels' connections, and of the agents' models' (a model with an
+        `aclose`, such as `ChatCompletionsModel` with a session of its own)."""
         await self.dispatcher.close()
+        for agent in self.agents.values():
+            closing = getattr(agent.chat, "aclose", None)
+            if closing is not None:
+                try:
+                    await closing()
+                except Exception:
+                    log.exception("the model of an agent could not be closed")
 
     async def work(self, stop: asyncio.Event) -> None:
         """Run `step` whenever woken (by a decision here, or one that the database announces

@@ -13,6 +13,7 @@ from typing import Annotated, Any, Literal, TypeAlias
 from pydantic import (
     BeforeValidator,
     Field,
+    PlainValidator,
     PrivateAttr,
     SecretStr,
     field_validator,
@@ -471,6 +472,156 @@ class Defaults(ReviewPolicy):
         return self
 
 
+# --- email ----------------------------------------------------------------------------------
+
+_LOCAL_PART = r"[A-Za-z0-9!#$%&'*+/=?^_`{|}~.-]+"
+_DOMAIN = r"[A-Za-z0-9](?:[A-Za-z0-9.-]*[A-Za-z0-9])?"
+_ADDRESS = re.compile(f"{_LOCAL_PART}@{_DOMAIN}")
+TOKEN_ROOM = 46
+"""Characters a reply token takes in a plus address (`+` and the token, `bot/email/tokens.py`):
+the rest of the local part of `reply_to` must leave room for it within RFC 5321's 64."""
+
+
+def _address(value: object) -> str:
+    # One bare address: what goes into an envelope and a header, so nothing that could
+    # smuggle a second address or a header in (no display name, commas, spaces, CR/LF).
+    if not isinstance(value, str):
+        raise problem(f"expected an email address such as nodbot@example.com, not {shown(value)}")
+    if not _ADDRESS.fullmatch(value):
+        raise problem(
+            "expected one email address such as nodbot@example.com (no display name, no "
+            "spaces or line breaks)"
+        )
+    return value
+
+
+Address: TypeAlias = Annotated[str, PlainValidator(_address)]
+"""One email address, `name@example.com`."""
+
+
+def _one_line(value: object) -> object:
+    if isinstance(value, str) and ("\r" in value or "\n" in value):
+        raise problem("expected one line, without line breaks")
+    return value
+
+
+OneLine: TypeAlias = Annotated[str, BeforeValidator(_one_line)]
+"""A string without CR or LF (it may end up in a protocol line)."""
+
+
+def _password(value: object) -> object:
+    if isinstance(value, SecretStr):
+        value = value.get_secret_value()
+    if not isinstance(value, str) or not value:
+        raise problem("expected a password string such as ${SMTP_PASSWORD}")
+    return _one_line(value)
+
+
+MailPassword: TypeAlias = Annotated[SecretStr, BeforeValidator(_password)]
+"""A mail server's password (whatever length the provider gives); never shown."""
+
+MailTls: TypeAlias = Literal["none", "starttls", "tls"]
+_DEFAULT_PORTS: dict[str, int] = {"none": 25, "starttls": 587, "tls": 465}
+
+
+class _MailServer(ConfigModel):
+    """How to reach a mail server: the keys SMTP and IMAP share."""
+
+    host: OneLine
+    """The server's name or address."""
+    port: Annotated[Count, Field(ge=1, le=65535)] | None = None
+    """Its TCP port; by default the usual one for `tls`."""
+    tls: MailTls = "starttls"
+    """`none` (plain text: only on a trusted network), `starttls` (upgrade a plain connection,
+    the default) or `tls` (TLS from the start)."""
+    username: OneLine | None = None
+    """Who to sign in as; without it, no sign-in."""
+    password: MailPassword | None = None
+    """Written as `${SMTP_PASSWORD}` so it stays out of the file; needs `username`."""
+    timeout: Annotated[float, Field(gt=0, le=300)] = 30
+    """Seconds to wait for the server before the attempt counts as failed."""
+
+    @model_validator(mode="after")
+    def _sign_in(self) -> _MailServer:
+        if (self.username is None) != (self.password is None):
+            missing = "password" if self.password is None else "username"
+            raise problems(((missing,), "username and password go together"))
+        return self
+
+
+class SmtpConfig(_MailServer):
+    """The server review emails are sent through."""
+
+    @property
+    def port_or_default(self) -> int:
+        """The port given, or 25 / 587 / 465 for `tls` none / starttls / tls."""
+        return self.port if self.port is not None else _DEFAULT_PORTS[self.tls]
+
+
+class ImapConfig(_MailServer):
+    """A mailbox replies are read from (coming: not read yet)."""
+
+    mailbox: OneLine = "INBOX"
+    """The folder replies arrive in."""
+    processed_mailbox: OneLine | None = None
+    """Where a processed reply is moved; without it, it is flagged as seen."""
+
+
+class InboundConfig(ConfigModel):
+    """How replies reach the bot (coming: accepted and checked, not used yet)."""
+
+    listen: OneLine | None = None
+    """`host:port` the bot listens on for a mail server to hand replies to."""
+    protocol: Literal["smtp", "lmtp"] = "smtp"
+    """What is spoken on `listen`."""
+    imap: ImapConfig | None = None
+    """A mailbox to read replies from."""
+
+    @field_validator("listen")
+    @classmethod
+    def _listen(cls, value: str | None) -> str | None:
+        if value is not None:
+            host, _, port = value.rpartition(":")
+            if not host or not port.isdigit() or not 0 < int(port) <= 65535:
+                raise problem(f"expected host:port such as 127.0.0.1:2525, not {value!r}")
+        return value
+
+
+class EmailConfig(ConfigModel):
+    """The email channel: each review is emailed to its email reviewers (README, "Email")."""
+
+    sender: Address = Field(alias="from")
+    """`from`: the bot's address, the sender of every email."""
+    reply_to: Address
+    """The mailbox replies go to, such as approvals@example.com; each reviewer gets a plus
+    address of it naming the review and them (`approvals+<token>@example.com`), so its
+    server must deliver plus addresses to it."""
+    smtp: SmtpConfig
+    """The server emails are sent through."""
+    inbound: InboundConfig | None = None
+    """How replies come back (coming: checked, not used yet)."""
+    trusted_authserv_id: OneLine | None = None
+    """The authserv-id of your mail server's `Authentication-Results` headers (coming: the
+    only ones believed when a reply is checked)."""
+    require_authenticated_sender: bool = True
+    """Whether a reply must have passed DMARC (or aligned DKIM) at `trusted_authserv_id`
+    (coming, with replies)."""
+    reply_ttl: Duration = 604_800
+    """How long a reply token works at most (default 7d); it ends with its review's timeout
+    when that comes first."""
+
+    @field_validator("reply_to")
+    @classmethod
+    def _room_for_token(cls, value: str) -> str:
+        local = value.rpartition("@")[0]
+        if "+" in local:
+            raise problem("expected the mailbox itself, without a +tag: the bot adds its own")
+        if len(local) + TOKEN_ROOM > 64:
+            room = 64 - TOKEN_ROOM
+            raise problem(f"at most {room} characters before the @: reply tokens need room")
+        return value
+
+
 class AuditConfig(ConfigModel):
     """The audit trail: every event is hash-chained per review (`nodbot audit verify`)."""
 
@@ -511,8 +662,9 @@ class Config(ConfigModel):
     it; without `defaults:` such a call is denied."""
     slack: SlackConfig | None = None
     """The Slack channel; without it, nothing is posted to Slack."""
-    email: dict[str, Any] | None = None
-    """Read by the email channel, in a later version."""
+    email: EmailConfig | None = None
+    """The email channel; without it, nothing is emailed. Needs `web.secret` (it signs the
+    reply tokens)."""
     api: ApiConfig = Field(default_factory=ApiConfig)
     """Who may call the HTTP API (bearer tokens and their scopes)."""
     web: WebConfig = Field(default_factory=WebConfig)
@@ -571,6 +723,14 @@ class Config(ConfigModel):
         if found:
             raise problems(*found)
         return value
+
+    @model_validator(mode="after")
+    def _email_needs_a_secret(self) -> Config:
+        # Fail closed: reply tokens signed with a secret made at each start would stop
+        # verifying at the next restart, and with none at all anyone could forge one.
+        if self.email is not None and self.web.secret is None:
+            raise problems((("email",), "the email channel needs web.secret: it signs replies"))
+        return self
 
     @model_validator(mode="after")
     def _references(self) -> Config:

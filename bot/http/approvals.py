@@ -286,7 +286,6 @@ class _ApprovalsApi:
                 "that tool): approve or deny it, or edit it where the tool runs"
             )
             raise ApiError(422, message, details=exc.details()) from None
-        log.info("approval %s %s by %s via api", decided.approval_id, decided.status, principal)
         self.counters["decisions"] += 1
         if self.on_decided is not None:
             self.on_decided()  # the run may be ready to go on

@@ -373,7 +373,7 @@ class WebInbox:
                 f"/inbox/approvals/{quote(record.approval_id)}?confirm=approve", status_code=303
             )
         try:
-            decided = await self.executor.decide(
+            await self.executor.decide(
                 record.approval_id,
                 decision,
                 decided_by=who,
@@ -406,7 +406,6 @@ class WebInbox:
             raise PageError(
                 422, "Decision not accepted", str(exc), approval_id=record.approval_id
             ) from None
-        log.info("approval %s %s by %s via web", decided.approval_id, decided.status, who)
         self.counters["decisions"] += 1
         if self.service is not None:
             self.service.decided()  # the run may be ready to go on

@@ -153,9 +153,14 @@ def test_rule_defaults(tmp_path: Path) -> None:
     assert rule.escalate_after is None and rule.escalate_to is None
 
 
-def test_email_is_kept_as_given(tmp_path: Path) -> None:
-    config = load(tmp_path, "email: {from: a@b.c}\n")
-    assert config.email == {"from": "a@b.c"}
+def test_email_is_read_into_its_model(tmp_path: Path) -> None:
+    config = load(
+        tmp_path,
+        "web: {secret: a-web-secret-of-16+}\n"
+        "email: {from: a@b.c, reply_to: r@b.c, smtp: {host: localhost}}\n",
+    )
+    assert config.email is not None
+    assert (config.email.sender, config.email.smtp.port_or_default) == ("a@b.c", 587)
 
 
 def test_the_slack_section(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -316,13 +321,20 @@ def test_variables_are_substituted(tmp_path: Path, monkeypatch: pytest.MonkeyPat
         server:
           host: ${NODBOT_TEST_HOST}
           port: ${NODBOT_TEST_PORT}
+        web: {secret: a-web-secret-of-16+}
         email:
-          password: "Bearer ${NODBOT_TEST_TOKEN}"
-          literal: "$${NODBOT_TEST_TOKEN}"
+          from: a@b.c
+          reply_to: r@b.c
+          smtp:
+            host: localhost
+            username: "$${NODBOT_TEST_TOKEN}"
+            password: "Bearer ${NODBOT_TEST_TOKEN}"
         """,
     )
     assert (config.server.host, config.server.port) == ("0.0.0.0", 9001)
-    assert config.email == {"password": "Bearer xoxb-secret", "literal": "${NODBOT_TEST_TOKEN}"}
+    assert config.email is not None and config.email.smtp.password is not None
+    assert config.email.smtp.password.get_secret_value() == "Bearer xoxb-secret"
+    assert config.email.smtp.username == "${NODBOT_TEST_TOKEN}"
 
 
 def test_a_default_is_used_when_the_variable_is_unset_or_empty(
@@ -448,10 +460,10 @@ def test_unsafe_tags_and_recursive_aliases_are_refused(
 
 
 def test_keys_of_different_types_are_not_duplicates(tmp_path: Path) -> None:
-    problem = only_problem(tmp_path, "email:\n  1: int\n  '1': str\n  yes: as written\n")
-    assert problem.endswith(":2: email.1: Input should be a valid string, not 1")
-    config = load(tmp_path, "email:\n  '1': str\n  yes: as written\n")
-    assert config.email == {"1": "str", "yes": "as written"}
+    problem = only_problem(tmp_path, "agents:\n  1: m:int\n  '1': m:str\n  yes: m:written\n")
+    assert problem.endswith(":2: agents.1: Input should be a valid string, not 1")
+    config = load(tmp_path, "agents:\n  '1': m:str\n  yes: m:written\n")
+    assert config.agents == {"1": "m:str", "yes": "m:written"}
 
 
 def test_merge_keys_work_and_keep_lines(tmp_path: Path) -> None:
@@ -468,8 +480,18 @@ def test_merge_keys_work_and_keep_lines(tmp_path: Path) -> None:
     """
     problem = only_problem(tmp_path, text)
     assert problem.startswith(f"{tmp_path / 'nodbot.yml'}:1: x-review: unknown key 'x-review'")
-    config = load(tmp_path, text.replace("x-review", "email"))
-    assert [rule.timeout for rule in config.rules] == [3600, 7200]
+    anchored = """
+    rules:
+      - &review
+        tool: a
+        reviewers: [U0123ABCDE]
+        timeout: 1h
+      - <<: *review
+        tool: b
+        timeout: 2h
+    """
+    config = load(tmp_path, anchored)
+    assert [(rule.tool, rule.timeout) for rule in config.rules] == [("a", 3600), ("b", 7200)]
 
 
 # --- unknown keys, wrong types, every problem at once ---------------------------------------

@@ -28,6 +28,7 @@ STRONG = {  # from the environment, long, varied and each its own
     "NODBOT_WEBHOOK_SECRET": "Wh9Lk2Pq7Zr4Tx1Vb8Nm5Cs3Df6Gh0Jy-hook",
     "NODBOT_AUDIT_KEY": "Au4Dk8Ey2Fz6Gw0Hv3Ju7Ks1Lr5Mq9Np-audit",
     "SMTP_PASSWORD": "Sm9Tp2Pw7Qx4Ry1Vz8Wa5Bc3Cd6De0Ef-mail",
+    "IMAP_PASSWORD": "Im3Ap7Pw2Qx9Ry4Vz1Wa6Bc8Cd5De0Ef-imap",
 }
 
 CLEAN = """
@@ -54,8 +55,12 @@ webhooks:
 audit:
   key: ${{NODBOT_AUDIT_KEY}}
 email:
-  smtp_host: smtp.example.com
-  smtp_password: ${{SMTP_PASSWORD}}
+  from: nodbot@example.com
+  reply_to: approvals@example.com
+  smtp:
+    host: smtp.example.com
+    username: nodbot@example.com
+    password: ${{SMTP_PASSWORD}}
 """
 
 
@@ -153,7 +158,12 @@ webhooks:
 audit:
   key: Au4Dk8Ey2Fz6Gw0Hv3Ju7Ks1Lr5Mq9Np-audit
 email:
-  smtp_password: Sm9Tp2Pw7Qx4Ry1Vz8Wa5Bc3Cd6De0Ef-mail
+  from: nodbot@example.com
+  reply_to: approvals@example.com
+  smtp:
+    host: smtp.example.com
+    username: nodbot@example.com
+    password: Sm9Tp2Pw7Qx4Ry1Vz8Wa5Bc3Cd6De0Ef-mail
 """
 LITERAL_SECRETS = re.findall(r"(?:token|secret|key|password): \"?([\w-]{20,})", LITERAL)
 
@@ -167,7 +177,7 @@ def test_each_secret_written_in_the_file_is_warned_of(tmp_path: Path) -> None:
         (10, "slack.app_token", "SLACK_APP_TOKEN"),
         (14, "webhooks.0.secret", "NODBOT_WEBHOOK_SECRET_OPS_HOOK"),
         (16, "audit.key", "NODBOT_AUDIT_KEY"),
-        (18, "email.smtp_password", "SMTP_PASSWORD"),
+        (23, "email.smtp.password", "SMTP_PASSWORD"),
     ]
     assert warnings_of(path) == [
         f"{path}:{line + 1}: {key}: warning: a secret written in the file: whoever reads the "
@@ -310,8 +320,8 @@ def test_check_config_prints_the_warnings_without_a_secret_and_exits_0(tmp_path:
         f"{path}:15: webhooks.0.secret: a secret written",
         f"{path}:17: audit.key: the secret has",
         f"{path}:17: audit.key: a weak secret",
-        f"{path}:19: email.smtp_password: a secret written",
-        f"{path}:21: server.host: the bot listens",
+        f"{path}:24: email.smtp.password: a secret written",
+        f"{path}:26: server.host: the bot listens",
     ]
     for secret in [*LITERAL_SECRETS, "a-default-audit-key"]:
         assert secret not in completed.stderr + completed.stdout

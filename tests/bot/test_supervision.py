@@ -17,7 +17,15 @@ from nodbot.bot.config import load_agents, load_config
 from nodbot.bot.http import create_app
 from nodbot.bot.outbox import Moment
 from nodbot.bot.service import BotService
-from nodbot.core import ApprovalRecord, Delivery, NewDelivery, SqlApprovalStore
+from nodbot.core import (
+    Agent,
+    ApprovalRecord,
+    ChatResponse,
+    Delivery,
+    NewDelivery,
+    SqlApprovalStore,
+    ToolRegistry,
+)
 from tests.support import eventually
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -141,3 +149,23 @@ async def test_readyz_waits_for_the_first_step_and_healthz_for_the_workers(
             stop.set()
             await working
             assert (await client.get("/healthz")).status_code == 503
+
+
+async def test_closing_the_service_closes_the_agents_models(tmp_path: Path) -> None:
+    class Closable:
+        closed = False
+
+        async def respond(self, messages: object, tools: object) -> ChatResponse:
+            return ChatResponse(content="done")
+
+        async def aclose(self) -> None:
+            self.closed = True
+
+    path = tmp_path / "nodbot.yml"
+    path.write_text(f'store: {{url: "sqlite:///{tmp_path / "nodbot.db"}"}}\n')
+    config = load_config(path)
+    model = Closable()
+    async with SqlApprovalStore(config.store.url) as store:
+        service = BotService(config, store, {"a": Agent(model, ToolRegistry())})
+        await service.close()
+    assert model.closed

@@ -1,0 +1,1 @@
+"""The email channel: review requests emailed to reviewers, with signed reply addresses."""

@@ -1,0 +1,274 @@
+"""The email channel of the outbox: review requests emailed to each email reviewer, and a
+follow-up in the same thread once the review is decided.
+
+Who is emailed comes from the review's policy (its rule's `reviewers`, reviewer groups
+already expanded, and `escalate_to` at `escalate_after`): every entry that is an email
+address is one delivery (`email:ana@example.com`), so each reviewer gets one message however
+often its delivery is tried. Each message is multipart text + HTML (`templates/email/`, the
+HTML autoescaped), from `from`, with `Reply-To` the reviewer's plus address of `reply_to`
+(`approvals+<token>@example.com`, `bot/email/tokens.py`), `Auto-Submitted: auto-generated`
+and a `Message-ID` made of the delivery id and the same token: the same on every attempt,
+so a message sent twice (an answer lost after the server took it) is one message to mail
+clients. No argument ever reaches a header: the subject names the tool (and the rule's
+description), on one line, cut short.
+
+Sent with aiosmtplib: 4xx answers, refused connections and timeouts are retried by the
+outbox with backoff; 5xx answers give the delivery up (recorded `undelivered`). Once the
+review is decided, from whichever channel, each reviewer whose request was sent gets the
+outcome (`In-Reply-To`/`References` its request): who decided, when, the edited arguments.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from datetime import UTC, datetime, timedelta
+from email.headerregistry import Address
+from email.message import EmailMessage
+from email.policy import SMTP
+from email.utils import format_datetime
+from typing import Any
+
+import aiosmtplib
+from jinja2 import Environment, PackageLoader, StrictUndefined, select_autoescape
+
+from nodbot.bot.config import EmailConfig, parse_reviewer
+from nodbot.bot.email.tokens import ReplyTokens
+from nodbot.bot.outbox import DeliveryError, Moment, OutboxStore
+from nodbot.core import ApprovalRecord, Delivery, NewDelivery
+
+__all__ = ["EmailChannel", "email_addresses"]
+
+log = logging.getLogger(__name__)
+
+SUBJECT_LENGTH = 150
+"""Characters of a subject at most: the tool and the rule's description, not a paragraph."""
+TIMEOUT_DECIDER = "nodbot:timeout"
+
+
+def email_addresses(entries: object) -> list[str]:
+    """The email addresses (lowercased, once each, in order) among stored reviewer entries."""
+    found: list[str] = []
+    for text in entries if isinstance(entries, list) else []:
+        try:
+            reviewer = parse_reviewer(text)
+        except ValueError:
+            continue
+        if reviewer.kind == "email" and reviewer.value not in found:
+            found.append(reviewer.value)
+    return found
+
+
+def one_line(text: str, limit: int = SUBJECT_LENGTH) -> str:
+    """`text` fit for a header: every run of whitespace (CR and LF too) one space, other
+    control characters dropped, at most `limit` characters."""
+    kept = "".join(c for c in text if c.isprintable() or c.isspace())
+    flat = " ".join(kept.split())
+    return flat if len(flat) <= limit else flat[: limit - 1].rstrip() + "\u2026"
+
+
+class EmailChannel:
+    """Emails the reviews' requests and outcomes (see the module's docstring)."""
+
+    name = "email"
+    answers = False
+
+    def __init__(self, config: EmailConfig, store: OutboxStore, *, secret: str | None) -> None:
+        if not secret:
+            # Fail closed: unsigned, or signed with a key nobody keeps, replies would be
+            # forgeable or stop verifying at the next start.
+            raise ValueError("the email channel needs web.secret to sign its reply tokens")
+        self.config = config
+        self.store = store
+        self.tokens = ReplyTokens(secret)
+        self.domain = config.sender.rpartition("@")[2]
+        self.templates = Environment(
+            # Package data of `nodbot`, in the repository and in an installed wheel alike.
+            loader=PackageLoader("nodbot", "templates/email"),
+            autoescape=select_autoescape(("html",), default_for_string=False, default=False),
+            undefined=StrictUndefined,
+            trim_blocks=True,
+            lstrip_blocks=True,
+        )
+
+    # --- what to deliver ---------------------------------------------------------------------
+
+    def targets(self, record: ApprovalRecord, stage: Moment) -> list[NewDelivery]:
+        policy = record.request.policy
+        asked = email_addresses(policy.get("reviewers"))
+        escalate_at = policy.get("escalate_at")
+        later = [a for a in email_addresses(policy.get("escalate_to")) if a not in asked]
+        later = later if escalate_at else []
+        if stage == "outcome":
+            # Only those whose request went out get one (`_outcome` checks).
+            return [NewDelivery("outcome", f"{self.name}:{a}") for a in [*asked, *later]]
+        if stage != "request":
+            return []
+        found = [NewDelivery("request", f"{self.name}:{a}") for a in asked]
+        if escalate_at:
+            when = datetime.fromisoformat(escalate_at)
+            found += [NewDelivery("escalation", f"{self.name}:{a}", when) for a in later]
+        return found
+
+    # --- delivering --------------------------------------------------------------------------
+
+    async def deliver(self, delivery: Delivery, record: ApprovalRecord) -> dict[str, Any] | None:
+        address = delivery.address
+        try:
+            Address(addr_spec=address)
+        except (ValueError, IndexError) as exc:
+            raise DeliveryError(f"not an address to send to: {exc}", permanent=True) from exc
+        token = self._token(record, address)
+        if delivery.kind == "outcome":
+            request = await self._request_sent(delivery, record)
+            if request is None:
+                return {"skipped": "no request was emailed to this reviewer"}
+            message = self._outcome(delivery, record, token, request)
+        elif record.decision is not None:
+            return {"skipped": "decided before it was sent"}
+        else:
+            message = self._request(delivery, record, token)
+        await self._send(message, address)
+        return {"message_id": message["Message-ID"], "to": address}
+
+    def _token(self, record: ApprovalRecord, address: str) -> str:
+        """The reviewer's token: the same on every attempt (it is part of the Message-ID),
+        so it expires at the review's deadline or `reply_ttl` after it opened."""
+        expires = record.created_at + timedelta(seconds=self.config.reply_ttl)
+        deadline = record.request.deadline
+        if deadline is not None:
+            expires = min(expires, deadline)
+        return self.tokens.issue(record.approval_id, address, record.request.digest, expires)
+
+    def _envelope(self, delivery: Delivery, token: str, subject: str) -> EmailMessage:
+        message = EmailMessage(policy=SMTP)
+        local, _, domain = self.config.reply_to.rpartition("@")
+        message["From"] = self.config.sender
+        message["To"] = delivery.address
+        message["Reply-To"] = f"{local}+{token}@{domain}"
+        message["Subject"] = one_line(subject)
+        message["Date"] = format_datetime(datetime.now(UTC))
+        message["Message-ID"] = f"<nodbot.{delivery.delivery_id}.{token}@{self.domain}>"
+        message["Auto-Submitted"] = "auto-generated"
+        # Asks Exchange not to answer with out-of-office replies and the like.
+        message["X-Auto-Response-Suppress"] = "All"
+        return message
+
+    def _request(self, delivery: Delivery, record: ApprovalRecord, token: str) -> EmailMessage:
+        request, policy = record.request, record.request.policy
+        allowed = policy.get("allowed_decisions") or ["approve", "edit", "deny"]
+        editable = policy.get("editable")
+        deadline = request.deadline
+        context = {
+            "marker": self.marker,
+            "escalated": delivery.kind == "escalation",
+            "tool": request.tool,
+            "description": policy.get("description"),
+            "arguments": _shown(request.arguments),
+            "requested_by": request.requested_by,
+            "run_id": request.run_id,
+            "approval_id": record.approval_id,
+            "deadline": None if deadline is None else _when(deadline),
+            "allowed": allowed,
+            "editable": editable,
+            "can_edit": "edit" in allowed and request.approvals_required == 1 and editable != [],
+        }
+        message = self._envelope(delivery, token, self._render("request_subject.txt", context))
+        message.set_content(self._render("request.txt", context))
+        message.add_alternative(self._render("request.html", context), subtype="html")
+        return message
+
+    def _outcome(
+        self, delivery: Delivery, record: ApprovalRecord, token: str, request: Delivery
+    ) -> EmailMessage:
+        decision = record.decision
+        assert decision is not None  # an outcome is announced once decided
+        context = {
+            "tool": record.request.tool,
+            "approved": decision.approved,
+            "timed_out": decision.decided_by == TIMEOUT_DECIDER,
+            "decided_by": decision.decided_by,
+            "decided_at": _when(record.decided_at or datetime.now(UTC)),
+            "reason": decision.reason,
+            "edited": _shown(decision.edited_args or {}),
+            "approval_id": record.approval_id,
+            "run_id": record.request.run_id,
+        }
+        message = self._envelope(delivery, token, self._render("outcome_subject.txt", context))
+        replied = str((request.ref or {})["message_id"])
+        message["In-Reply-To"] = replied
+        message["References"] = replied
+        message.set_content(self._render("outcome.txt", context))
+        message.add_alternative(self._render("outcome.html", context), subtype="html")
+        return message
+
+    async def _request_sent(self, delivery: Delivery, record: ApprovalRecord) -> Delivery | None:
+        """The request delivery of this reviewer that was emailed, None when none was (or
+        will be); raises `DeliveryError` (retried) while one is still on its way."""
+        mine = [
+            d
+            for d in await self.store.deliveries(record.approval_id)
+            if d.target == delivery.target and d.kind in ("request", "escalation")
+        ]
+        for earlier in mine:
+            if earlier.status == "sent" and "message_id" in (earlier.ref or {}):
+                return earlier
+        decided_at = record.decided_at or datetime.now(UTC)
+        if any(d.status == "due" and d.due_at <= decided_at for d in mine):
+            raise DeliveryError("the request to this reviewer is not sent yet", retry_after=1)
+        return None
+
+    async def _send(self, message: EmailMessage, address: str) -> None:
+        smtp = self.config.smtp
+        try:
+            await aiosmtplib.send(
+                message,
+                sender=self.config.sender,
+                recipients=[address],
+                hostname=smtp.host,
+                port=smtp.port_or_default,
+                use_tls=smtp.tls == "tls",
+                start_tls=smtp.tls == "starttls",
+                username=smtp.username,
+                password=None if smtp.password is None else smtp.password.get_secret_value(),
+                timeout=smtp.timeout,
+            )
+        except aiosmtplib.SMTPRecipientsRefused as exc:
+            codes = [refused.code for refused in exc.recipients]
+            raise _answered(min(codes, default=0), "; ".join(map(str, exc.recipients))) from exc
+        except aiosmtplib.SMTPResponseException as exc:
+            raise _answered(exc.code, exc.message) from exc
+        except (aiosmtplib.SMTPException, OSError) as exc:
+            # Refused connections, timeouts, a server that hung up: all worth another try.
+            reason = f"{type(exc).__name__}: {exc}".rstrip(": ")
+            raise DeliveryError(
+                f"the mail server {smtp.host} could not be reached: {reason}"
+            ) from exc
+
+    @property
+    def marker(self) -> str:
+        """The line a reply is cut at (what is above it counts), at the top of each request."""
+        return self._render("marker.txt", {}).strip()
+
+    def _render(self, name: str, context: dict[str, Any]) -> str:
+        return self.templates.get_template(name).render(context)
+
+    async def close(self) -> None:
+        return None
+
+
+def _answered(code: int, text: str) -> DeliveryError:
+    """The error of an SMTP answer: 5xx will not change (given up), anything else may."""
+    return DeliveryError(f"the mail server answered {code} {text}".strip(), permanent=code >= 500)
+
+
+def _shown(arguments: dict[str, Any]) -> list[tuple[str, str]]:
+    """Arguments as reviewers read them: strings as they are, other values as JSON."""
+    return [
+        (name, value if isinstance(value, str) else json.dumps(value, ensure_ascii=False))
+        for name, value in arguments.items()
+    ]
+
+
+def _when(moment: datetime) -> str:
+    return moment.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")

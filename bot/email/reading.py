@@ -1,0 +1,561 @@
+"""Reading a reviewer's reply email: whether to drop it unread (`screen`), who sent it
+(`sender`), what they wrote above the quoted request (`reply_text`) and which decision that
+text asks for (`command`).
+
+Everything here is a pure function of the message: no network, no store, no token. The inbound
+door calls them in that order and stops at the first refusal; the token and the rule's policy
+are checked by the caller.
+
+Quote detection: the multilingual "On <date>, <name> wrote:" / "From: ... Sent: ..." headers
+are found by `mail-parser-reply` (maintained, MIT, no dependencies, 14 languages), which is the
+hard part to keep up to date by hand. It does not know our marker line, `>` quoted lines,
+forwarded-message separators or mobile signatures such as "Get Outlook for iOS", and it keeps a
+body that is all quote; those are cut here, before and after it. Its regular expressions take
+quadratic time on long hostile lines, so it only ever sees the first `_MAX_READ` characters.
+
+HTML to text uses the standard library's `html.parser`: `html2text` writes Markdown (escapes,
+`**`, link syntax) that would have to be undone, and what we need is small: block elements as
+line breaks, and stopping at the first quote container (`blockquote`, Gmail's `gmail_quote`,
+Outlook's `divRplyFwdMsg`, Thunderbird's `moz-cite-prefix`), since only the text above the
+quote counts.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from email.headerregistry import Address
+from email.message import EmailMessage
+from html.parser import HTMLParser
+from typing import Literal, TypeAlias
+
+from mailparser_reply import EmailReplyParser  # type: ignore[import-untyped]
+from mailparser_reply.constants import MAIL_LANGUAGES  # type: ignore[import-untyped]
+
+__all__ = [
+    "MARKER",
+    "Approve",
+    "Command",
+    "Deny",
+    "Edit",
+    "Problem",
+    "Refused",
+    "Sender",
+    "Unclear",
+    "command",
+    "reply_text",
+    "screen",
+    "sender",
+]
+
+MARKER = "-- reply above this line --"
+"""The line the review request carries above its own text; everything from this line down in a
+reply is the quoted request. Compared case-insensitively, anywhere in a line (clients quote it
+as `> -- reply above this line --`)."""
+
+_MAX_READ = 3_000
+"""The most characters of a reply read for a command: a decision's reason is at most
+`forms.MAX_REASON` (2,000) characters, and it bounds the quote detector's running time."""
+
+# --- screen -------------------------------------------------------------------------------
+
+_PRECEDENCE = {"bulk", "junk", "list", "auto_reply"}
+_AUTOMATIC_SUBJECT = re.compile(
+    r"^\s*(?:"
+    r"out of (?:the )?office|automatic reply|auto(?:matic)?[- ]?reply|autoreply|auto:|"
+    r"away from (?:the )?office|on vacation|vacation reply|"
+    r"undeliverable|undelivered mail|delivery status notification|mail delivery fail|"
+    r"returned mail|failure notice|"
+    r"abwesenheitsnotiz|automatische antwort|abwesend|"  # de
+    r"r[ée]ponse automatique|absence du bureau|absent du bureau|"  # fr
+    r"respuesta autom[áa]tica|fuera de la oficina|"  # es
+    r"risposta automatica|fuori (?:sede|ufficio)|"  # it
+    r"automatisch antwoord|afwezig|"  # nl
+    r"resposta autom[áa]tica|fora do escrit[óo]rio|"  # pt
+    r"automatiskt svar|fr[åa]nvarande|"  # sv
+    r"automatisk svar|frav[æe]rende|"  # da, no
+    r"odpowied[źz] automatyczna|"  # pl
+    r"自動返信|不在|自动回复|자동 응답"  # ja, zh, ko
+    r")",
+    re.IGNORECASE,
+)
+_DAEMON = re.compile(r"^(?:mailer-daemon|postmaster)@", re.IGNORECASE)
+
+
+def screen(message: EmailMessage) -> str | None:
+    """Why `message` is a bounce or an automatic reply and must be dropped before anything
+    else (and never answered: answering an auto-responder loops), or None.
+
+    Checked by headers first (RFC 3834 `Auto-Submitted`, DSNs of RFC 3464, the de facto
+    `X-Autoreply` and `Precedence`), then by subject for the responders that set none.
+    """
+    return_path = message.get("Return-Path")
+    if return_path is not None and str(return_path).strip().replace(" ", "") == "<>":
+        return "a bounce: its Return-Path is empty (<>)"
+    if message.get_content_type() == "multipart/report":
+        report = str(message.get_param("report-type", "") or "").lower()
+        return f"a delivery or read report (multipart/report; report-type={report or 'none'})"
+    auto = message.get("Auto-Submitted")
+    if auto is not None and str(auto).split(";")[0].strip().lower() != "no":
+        return f"an automatic message (Auto-Submitted: {str(auto).strip()})"
+    for name in ("X-Autoreply", "X-Autorespond", "X-Autoresponder"):
+        if message.get(name) is not None:
+            return f"an automatic reply ({name} is set)"
+    precedence = message.get("Precedence")
+    if precedence is not None and str(precedence).strip().lower() in _PRECEDENCE:
+        return f"an automatic or list message (Precedence: {str(precedence).strip()})"
+    if _DAEMON.search(_bare_from(message)):
+        return "a bounce: it comes from a mail daemon"
+    subject = str(message.get("Subject", ""))
+    if _AUTOMATIC_SUBJECT.search(subject):
+        return f"an automatic reply (subject {subject.strip()[:80]!r})"
+    return None
+
+
+def _bare_from(message: EmailMessage) -> str:
+    """The first From address, or "" (only for the daemon check: `sender` is the strict one)."""
+    header = message.get("From")
+    addresses = getattr(header, "addresses", ())
+    return str(addresses[0].addr_spec) if addresses else ""
+
+
+# --- sender -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Sender:
+    """The verified author of a reply."""
+
+    address: str
+    """The From address, its domain lowercased; the display name is never part of it."""
+    kind: Literal["sender"] = "sender"
+
+
+@dataclass(frozen=True)
+class Refused:
+    """A message that must decide nothing and get no answer."""
+
+    reason: str
+    """Why, in words, for the review's events."""
+    kind: Literal["refused"] = "refused"
+
+
+def sender(
+    message: EmailMessage, *, trusted_authserv_id: str | None, require_authenticated: bool
+) -> Sender | Refused:
+    """Who sent `message`: its single From address, authenticated (with
+    `require_authenticated`) by the topmost `Authentication-Results` header whose authserv-id
+    is `trusted_authserv_id`.
+
+    Only the topmost such header counts: headers are prepended in transit, so it is the one
+    our own border server wrote; the RFC 8601 section 5 duty to delete look-alikes that
+    arrived from outside is that server's. Headers from any other authserv-id are ignored,
+    since anyone can write them.
+    """
+    headers = message.get_all("From") or []
+    if len(headers) != 1:
+        return Refused(f"the message has {len(headers)} From headers; exactly one is needed")
+    header = headers[0]
+    defects = list(getattr(header, "defects", ()))
+    addresses: tuple[Address, ...] = tuple(getattr(header, "addresses", ()))
+    groups = getattr(header, "groups", ())
+    if defects:
+        return Refused(f"the From header does not parse cleanly ({defects[0]})")
+    if any(group.display_name is not None for group in groups):
+        return Refused("the From header is a group; exactly one address is needed")
+    if len(addresses) != 1:
+        return Refused(f"the From header names {len(addresses)} addresses; exactly one is needed")
+    (address,) = addresses
+    if not address.username or not address.domain:
+        return Refused("the From address has no user or no domain")
+    domain = address.domain.lower().rstrip(".")
+    found = Sender(f"{address.username}@{domain}")
+    if not require_authenticated:
+        return found
+    if not trusted_authserv_id:
+        return Refused("authenticated senders are required but no trusted_authserv_id is set")
+    results = _trusted_results(message, trusted_authserv_id.lower())
+    if results is None:
+        return Refused(f"no Authentication-Results from the trusted server {trusted_authserv_id}")
+    if _authenticated(results, domain):
+        return found
+    said = ", ".join(f"{method}={result}" for method, result, _ in results) or "nothing"
+    return Refused(
+        f"the trusted server {trusted_authserv_id} did not authenticate {domain} "
+        f"(it says {said}; dmarc=pass or dkim=pass aligned with the From domain is needed)"
+    )
+
+
+_Result: TypeAlias = tuple[str, str, dict[str, str]]
+"""(method, result, properties) of one `resinfo` of an Authentication-Results header."""
+
+
+def _trusted_results(message: EmailMessage, authserv_id: str) -> list[_Result] | None:
+    """The results of the topmost Authentication-Results header from `authserv_id`, or None."""
+    for raw in message.get_all("Authentication-Results") or []:
+        parts = _split_semicolons(_uncomment(str(raw)))
+        head = parts[0].split()
+        if head and head[0].strip('"').lower() == authserv_id:
+            return [result for part in parts[1:] if (result := _resinfo(part)) is not None]
+    return None
+
+
+def _uncomment(value: str) -> str:
+    """`value` without its RFC 5322 comments (nested parentheses), quoted strings kept."""
+    out: list[str] = []
+    depth = 0
+    quoted = escaped = False
+    for char in value:
+        if escaped:
+            escaped = False
+            if depth == 0:
+                out.append(char)
+            continue
+        if char == "\\":
+            escaped = True
+            if depth == 0:
+                out.append(char)
+        elif quoted:
+            quoted = char != '"'
+            out.append(char)
+        elif char == "(":
+            depth += 1
+        elif char == ")" and depth:
+            depth -= 1
+        elif depth == 0:
+            quoted = char == '"'
+            out.append(char)
+    return "".join(out)
+
+
+def _split_semicolons(value: str) -> list[str]:
+    """`value` split at the semicolons outside quoted strings."""
+    parts = [""]
+    quoted = False
+    for char in value:
+        if char == '"':
+            quoted = not quoted
+        if char == ";" and not quoted:
+            parts.append("")
+        else:
+            parts[-1] += char
+    return [part.strip() for part in parts]
+
+
+def _resinfo(part: str) -> _Result | None:
+    """One `methodspec [reasonspec] *propspec` (RFC 8601 section 2.2), or None if it is not."""
+    tokens = re.sub(r"\s*=\s*", "=", part).split()
+    if not tokens or "=" not in tokens[0]:
+        return None
+    method, result = tokens[0].split("=", 1)
+    properties = {}
+    for token in tokens[1:]:
+        name, equals, value = token.partition("=")
+        if equals:
+            properties[name.lower()] = value.strip('"')
+    return method.split("/")[0].lower(), result.lower(), properties
+
+
+def _authenticated(results: list[_Result], domain: str) -> bool:
+    """Whether `results` vouch for `domain`: DMARC passed for it (a `header.from`, when given,
+    must be it), or a DKIM signature passed with its `header.d` (or `header.i`'s domain) aligned.
+    """
+    for method, result, properties in results:
+        if result != "pass":
+            continue
+        if method == "dmarc" and properties.get("header.from", domain).lower() == domain:
+            return True
+        if method == "dkim":
+            signer = properties.get("header.d") or properties.get("header.i", "").rpartition("@")[2]
+            if signer and _aligned(signer.lower().rstrip("."), domain):
+                return True
+    return False
+
+
+def _aligned(signer: str, domain: str) -> bool:
+    """Relaxed DMARC alignment without the Public Suffix List: the same domain, or one a
+    subdomain of the other (a public suffix cannot pass DKIM, as nobody can sign for it)."""
+    return signer == domain or domain.endswith("." + signer) or signer.endswith("." + domain)
+
+
+# --- reply_text ---------------------------------------------------------------------------
+
+_STOP_LINE = re.compile(
+    r"^\s*(?:"
+    r">.*|"  # a quoted line
+    r"-- ?|"  # the signature separator ("-- ", often sent without its space)
+    r"-{2,}\s*(?:original message|forwarded message|mensaje original|message d'origine|"
+    r"ursprüngliche nachricht|messaggio originale|oorspronkelijk bericht)\s*-{2,}|"
+    r"-{2,} ?forwarded message ?-{2,}|begin forwarded message:|"
+    r"_{10,}|"  # Outlook's rule above its From:/Sent: block
+    r"sent from my .*|sent from (?:outlook|mail for windows|yahoo mail)\b.*|get outlook for .*|"
+    r"on .{1,200}\bwrote:"  # a header the detector missed (it sees only the top)
+    r")\s*$",
+    re.IGNORECASE,
+)
+_PARSER = EmailReplyParser(languages=list(MAIL_LANGUAGES))
+
+
+def reply_text(message: EmailMessage) -> str:
+    """What the reviewer wrote above the quoted request in `message`: its text part (or its
+    HTML part as text), cut at the marker line, the first quote header, quoted (`>`) line,
+    forwarded message or signature. "" if there is nothing above the quote."""
+    part = message.get_body(preferencelist=("plain", "html"))
+    if part is None:
+        return ""
+    content = part.get_content()
+    if not isinstance(content, str):
+        return ""
+    if part.get_content_type() == "text/html":
+        text = _html_text(content)
+    elif str(part.get_param("format", "") or "").lower() == "flowed":
+        text = _unflow(content, delsp=str(part.get_param("delsp", "")).lower() == "yes")
+    else:
+        text = content
+    text = text.replace("\r\n", "\n").replace("\r", "\n").replace("\xa0", " ")
+    return _above_quote(text)
+
+
+def _above_quote(text: str) -> str:
+    """`text` cut at the marker, then at what the detector and `_STOP_LINE` call a quote."""
+    position = text.lower().find(MARKER)
+    if position >= 0:
+        text = text[: text.rfind("\n", 0, position) + 1]
+    text = _cut_lines(text)[:_MAX_READ]
+    found = _PARSER.parse_reply(text)
+    return _cut_lines(found if isinstance(found, str) else "").strip()
+
+
+def _cut_lines(text: str) -> str:
+    """`text` up to its first line that `_STOP_LINE` matches."""
+    kept: list[str] = []
+    for line in text.split("\n"):
+        if _STOP_LINE.match(line):
+            break
+        kept.append(line.rstrip())
+    return "\n".join(kept)
+
+
+def _unflow(text: str, *, delsp: bool) -> str:
+    """A `format=flowed` (RFC 3676) text with its soft line breaks joined."""
+    out: list[str] = []
+    joining = False
+    for line in text.replace("\r\n", "\n").split("\n"):
+        flowed = line.endswith(" ") and line != "-- "
+        piece = line[:-1] if flowed and delsp else line
+        if joining:
+            out[-1] += piece
+        else:
+            out.append(piece)
+        joining = flowed
+    return "\n".join(out)
+
+
+_BLOCK = {"p", "div", "br", "li", "tr", "h1", "h2", "h3", "h4", "h5", "h6", "pre", "table", "hr"}
+_HIDDEN = {"head", "script", "style", "title"}
+_QUOTE_CLASSES = {"gmail_quote", "gmail_attr", "moz-cite-prefix", "gmail_signature"}
+_QUOTE_IDS = {"divrplyfwdmsg", "appendonsend", "mail-editor-reference-message-container"}
+
+
+class _TextOfHtml(HTMLParser):
+    """The text of an HTML reply up to its first quote container or signature."""
+
+    def __init__(self) -> None:
+        super().__init__(convert_charrefs=True)
+        self.pieces: list[str] = []
+        self.hidden = 0
+        self.stopped = False
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        if self.stopped:
+            return
+        named = dict(attrs)
+        classes = set((named.get("class") or "").lower().split())
+        if (
+            tag == "blockquote"
+            or classes & _QUOTE_CLASSES
+            or (named.get("id") or "").lower() in _QUOTE_IDS
+        ):
+            self.stopped = True
+        elif tag in _HIDDEN:
+            self.hidden += 1
+        elif tag in _BLOCK:
+            self.pieces.append("\n")
+
+    def handle_endtag(self, tag: str) -> None:
+        if tag in _HIDDEN and self.hidden:
+            self.hidden -= 1
+        elif tag in _BLOCK and not self.stopped:
+            self.pieces.append("\n")
+
+    def handle_data(self, data: str) -> None:
+        if not self.stopped and not self.hidden:
+            self.pieces.append(re.sub(r"[ \t\r\n]+", " ", data))
+
+
+def _html_text(html: str) -> str:
+    """`html` as plain text: block elements become line breaks, the quote is left out."""
+    parser = _TextOfHtml()
+    parser.feed(html)
+    parser.close()
+    lines = (line.strip() for line in "".join(parser.pieces).split("\n"))
+    return re.sub(r"\n{3,}", "\n\n", "\n".join(lines))
+
+
+# --- command ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Approve:
+    """The reviewer approves the call as it is."""
+
+    kind: Literal["approve"] = "approve"
+
+
+@dataclass(frozen=True)
+class Deny:
+    """The reviewer denies the call."""
+
+    reason: str | None = None
+    """The rest of the `deny` line and the lines below it, or None if there is none."""
+    kind: Literal["deny"] = "deny"
+
+
+@dataclass(frozen=True)
+class Edit:
+    """The reviewer approves the call with some arguments changed."""
+
+    arguments: dict[str, str] = field(default_factory=dict)
+    """Argument name -> the value as written (text); the caller types it by the tool's schema
+    (`forms.parse_edit`) and validates the whole edit with the tool's model."""
+    kind: Literal["edit"] = "edit"
+
+
+Problem: TypeAlias = Literal[
+    "empty",
+    "unknown",
+    "two_commands",
+    "approve_text",
+    "edit_line",
+    "edit_twice",
+    "edit_empty",
+    "not_editable",
+]
+"""Why a reply decided nothing."""
+
+
+@dataclass(frozen=True)
+class Unclear:
+    """A reply that decides nothing; the reviewer is told why and how to answer."""
+
+    problem: Problem
+    """What was wrong, for the answer's template and the review's event."""
+    reason: str
+    """What was wrong and how to reply, in words fit for an answer to the reviewer."""
+    not_editable: tuple[str, ...] = ()
+    """For an edit: the names it tried to change that the rule does not let be edited."""
+    kind: Literal["unclear"] = "unclear"
+
+
+Command: TypeAlias = Approve | Deny | Edit
+"""A decision a reply asks for."""
+
+
+_HOW = (
+    'Reply with "approve", "deny" (optionally followed by a reason), or "edit" followed by '
+    '"name: value" lines, as the first line above the quoted request.'
+)
+_WORDS = ("approve", "deny", "edit")
+_FIRST = re.compile(
+    r"^(approve|deny|edit)\b[\s.,:;!\-\u2013\u2014]*(.*)$", re.IGNORECASE | re.DOTALL
+)
+_PAIR = re.compile(r"^([A-Za-z_][\w.\-]*)\s*[:=]\s*(.*)$")
+
+
+def command(text: str, *, editable: Sequence[str]) -> Command | Unclear:
+    """The decision `text` (a `reply_text`) asks for: its first non-empty line, read
+    case-insensitively with trailing punctuation ignored. A reply naming two decisions, an
+    unknown word, or an edit of arguments outside `editable` is `Unclear`."""
+    lines = [line.strip() for line in text.split("\n")]
+    while lines and not lines[0]:
+        lines.pop(0)
+    if not lines:
+        return Unclear("empty", f"The reply had no text above the quoted request. {_HOW}")
+    match = _FIRST.match(lines[0])
+    if match is None:
+        return Unclear(
+            "unknown", f"The reply starts with {lines[0][:60]!r}, which is not a decision. {_HOW}"
+        )
+    word, rest = match.group(1).lower(), match.group(2).strip()
+    below = lines[1:]
+    others = sorted({other for line in below if (other := _command_word(line, word)) is not None})
+    if others:
+        return Unclear(
+            "two_commands",
+            f'The reply names more than one decision ("{word}" and "{others[0]}"); '
+            f"send only one. {_HOW}",
+        )
+    if word == "approve":
+        return _approve(rest)
+    if word == "deny":
+        reason = "\n".join([rest, *below]).strip()
+        return Deny(reason or None)
+    return _edit([rest, *below] if rest else below, editable)
+
+
+def _command_word(line: str, first: str) -> str | None:
+    """The decision a later line names: a line that is only a decision word, or (after
+    approve or edit, which take no free text) one that starts with one."""
+    words = line.lower().split()
+    if not words:
+        return None
+    head = words[0].rstrip(".,:;!-")
+    if head not in _WORDS:
+        return None
+    if len(words) == 1 or first != "deny":
+        return head
+    return None
+
+
+def _approve(rest: str) -> Approve | Unclear:
+    if rest.rstrip(".!,; "):
+        return Unclear(
+            "approve_text",
+            f'"approve" takes nothing after it on its line (found {rest[:60]!r}). {_HOW}',
+        )
+    return Approve()
+
+
+def _edit(lines: Sequence[str], editable: Sequence[str]) -> Edit | Unclear:
+    """The `name: value` lines after `edit`, up to the first blank line after one of them."""
+    arguments: dict[str, str] = {}
+    for line in lines:
+        if not line:
+            if arguments:
+                break
+            continue
+        pair = _PAIR.match(line)
+        if pair is None:
+            return Unclear(
+                "edit_line", f'After "edit", {line[:60]!r} is not a "name: value" line. {_HOW}'
+            )
+        name, value = pair.group(1), pair.group(2).strip()
+        if name in arguments:
+            return Unclear(
+                "edit_twice", f'The edit sets "{name}" twice; set each argument once. {_HOW}'
+            )
+        arguments[name] = value
+    if not arguments:
+        return Unclear(
+            "edit_empty", f'"edit" needs at least one "name: value" line below it. {_HOW}'
+        )
+    refused = tuple(name for name in arguments if name not in editable)
+    if refused:
+        allowed = ", ".join(editable) or "none"
+        return Unclear(
+            "not_editable",
+            f"These arguments cannot be edited: {', '.join(refused)} (editable: {allowed}). {_HOW}",
+            not_editable=refused,
+        )
+    return Edit(arguments)
