@@ -94,10 +94,13 @@ class LogConfig(ConfigModel):
     structured fields (approval_id, run_id, ...) as top-level keys, for a log collector."""
 
 
-ApiScope: TypeAlias = Literal["approvals:read", "approvals:decide", "runs:write", "runs:write-as"]
+ApiScope: TypeAlias = Literal[
+    "approvals:read", "approvals:decide", "runs:write", "runs:write-as", "email:ingest"
+]
 """What an API token may do: read approvals, decide them, start runs (requested by the token's
 name), start runs requested by someone else (`requested_by`: for a front end that starts runs
-for its users; such a token may deny calls but never approve or edit them)."""
+for its users; such a token may deny calls but never approve or edit them), and hand reply
+emails to `POST /email/inbound` (`email:ingest`, for mail providers' inbound webhooks)."""
 
 _MIN_TOKEN_LENGTH = 16
 
@@ -140,7 +143,7 @@ class ApiToken(ConfigModel):
         if not value:
             raise problem(
                 "expected at least one of approvals:read, approvals:decide, runs:write, "
-                "runs:write-as"
+                "runs:write-as, email:ingest"
             )
         if len(set(value)) != len(value):
             raise problem(f"each scope may be listed once, not {value}")

@@ -7,6 +7,7 @@
 | `GET /approvals`               | approvals:read   | the approvals, filtered               |
 | `GET /approvals/{id}`          | approvals:read   | one approval with its events          |
 | `POST /approvals/{id}/decide`  | approvals:decide | the approval, decided                 |
+| `POST /email/inbound`          | email:ingest     | 202 and what the reply did            |
 
 A decision is recorded with `decided_by` set to the token's name and channel `api`, through
 `Executor.decide`, so an edit is validated with the tool's model before anything is recorded.
@@ -38,6 +39,7 @@ from nodbot.bot.config import ApiToken
 from nodbot.bot.http.access import AccessLog
 from nodbot.bot.http.auth import ApiError, TokenTable
 from nodbot.bot.http.common import json_body, json_response, parse
+from nodbot.bot.http.email import email_routes
 from nodbot.bot.http.limits import BodyLimit, SlackSignature
 from nodbot.bot.http.metrics import metrics_endpoint
 from nodbot.bot.http.openapi import openapi_document
@@ -137,6 +139,7 @@ def create_app(
     ]
     if service is not None:
         routes += run_routes(service, table)
+        routes += email_routes(service, table, authorize_decision or refuse_self_approval)
     document = openapi_document(with_runs=service is not None)
 
     async def openapi(request: Request) -> Response:

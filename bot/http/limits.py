@@ -6,6 +6,7 @@ and Slack's signature checked on the raw bytes before anything parses them.
 | `POST /approvals/{id}/decide` body     | 64 KB (`DECIDE_BODY`)                      |
 | `POST /runs` body                      | 256 KB (`RUNS_BODY`)                       |
 | `POST /slack/events` body              | 1 MB (`SLACK_BODY`)                        |
+| `POST /email/inbound` body             | 1 MB (`EMAIL_BODY`)                        |
 | `/inbox/...` body                      | 2 MB (the inbox's own form limit is 1 MB)  |
 | any other route's body                 | 64 KB (`DEFAULT_BODY`)                     |
 | JSON nesting                           | 32 levels (`MAX_JSON_DEPTH`)               |
@@ -31,6 +32,7 @@ from nodbot.bot.http.auth import ApiError
 __all__ = [
     "DECIDE_BODY",
     "DEFAULT_BODY",
+    "EMAIL_BODY",
     "MAX_JSON_DEPTH",
     "RUNS_BODY",
     "SLACK_BODY",
@@ -43,6 +45,7 @@ KB = 1024
 DECIDE_BODY = 64 * KB
 RUNS_BODY = 256 * KB
 SLACK_BODY = 1024 * KB
+EMAIL_BODY = 1024 * KB
 INBOX_BODY = 2048 * KB
 DEFAULT_BODY = 64 * KB
 MAX_JSON_DEPTH = 32
@@ -52,6 +55,7 @@ _LIMITS: tuple[tuple[re.Pattern[str], int], ...] = (
     (re.compile(r"/approvals/[^/]+/decide"), DECIDE_BODY),
     (re.compile(r"/runs"), RUNS_BODY),
     (re.compile(r"/slack/events"), SLACK_BODY),
+    (re.compile(r"/email/inbound"), EMAIL_BODY),
     (re.compile(r"/inbox(/.*)?"), INBOX_BODY),
 )
 

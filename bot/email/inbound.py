@@ -1,0 +1,294 @@
+"""Inbound email: `Inbound.ingest(raw)` reads one reviewer's reply and decides its review, the
+one step behind every door (the HTTP endpoint today; the listener and IMAP later).
+
+In order, stopping at the first refusal: automatic messages and bounces are dropped unread
+(`reading.screen`: answering them could loop, and they carry no decision); the reply token is
+found in the plus part of the To/Delivered-To address of `reply_to`, else in the Message-IDs of
+In-Reply-To/References (clients that drop the plus part still thread); a Message-ID seen
+before on the review decides nothing again; the sender (`reading.sender`) must be the token's
+reviewer and authenticated by the trusted server; the token must verify for them and the
+stored call's digest, and the review be open; then the text above the quote is read
+(`reading.reply_text`, `reading.command`) and decided through the same `Authorizer` and
+`Executor.decide` as every other channel.
+
+Every message that names a review but decides nothing leaves a `refused` event on it with the
+reason and the Message-ID, so a reviewer's "I replied" can be checked in the audit log. The
+events are also the record of which Message-IDs were processed (there is no other place in the
+store for it without a migration): a `refused`, `voted` or `decided` event of the review whose
+evidence carries the Message-ID means it was processed. Two copies processed at the same
+moment may both pass that check; the store's vote then refuses the second for the same person.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from email import message_from_bytes, policy
+from email.message import EmailMessage
+from typing import Any, Literal
+
+from nodbot.bot.config import EmailConfig
+from nodbot.bot.email.reading import Deny, Edit, Refused, Unclear, command, reply_text, screen
+from nodbot.bot.email.reading import sender as sender_of
+from nodbot.bot.email.tokens import TOKEN_LENGTH, InvalidToken, ReplyTokens
+from nodbot.bot.forms import FIELD_PREFIX, edit_fields, parse_edit, reason_too_long
+from nodbot.core import (
+    ApprovalAlreadyDecided,
+    ApprovalAlreadyVoted,
+    ApprovalNotFound,
+    ApprovalRecord,
+    ApprovalStore,
+    Decision,
+    DeferredApproval,
+    Executor,
+    InvalidArgumentsError,
+    InvalidDecisionError,
+    ToolRegistry,
+    UnknownToolError,
+)
+
+__all__ = ["CHANNEL", "Inbound", "Outcome"]
+
+log = logging.getLogger(__name__)
+
+CHANNEL = "email"
+
+Authorize = Callable[[str, ApprovalRecord, Decision], Awaitable[Any]]
+"""`(handle, record, decision) -> Verdict` (`bot.authorize.Authorizer`): its `person` and
+`refusal` are read."""
+
+_TOKEN_IN_ID = re.compile(rf"\.([a-z2-7]{{{TOKEN_LENGTH}}})@", re.IGNORECASE)
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What became of one message."""
+
+    status: Literal["decided", "refused", "dropped"]
+    """`decided`: the reply was recorded as the reviewer's decision (or vote); `refused`: it
+    named a review but decided nothing (an event says why); `dropped`: automatic, or naming
+    no review, so nothing was recorded."""
+    reason: str | None = None
+    """Why it was refused or dropped."""
+    approval_id: str | None = None
+    """The review it named, when it named one."""
+    message_id: str | None = None
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "status": self.status,
+            "reason": self.reason,
+            "approval_id": self.approval_id,
+            "message_id": self.message_id,
+        }
+
+
+class Inbound:
+    """Decides reviews by reply (see the module)."""
+
+    def __init__(
+        self,
+        config: EmailConfig,
+        store: ApprovalStore,
+        registry: ToolRegistry,
+        *,
+        secret: str | None,
+        authorize: Authorize,
+        on_decided: Callable[[], None] | None = None,
+    ) -> None:
+        if not secret:
+            raise ValueError("inbound email needs web.secret to verify reply tokens")
+        self.config = config
+        self.store = store
+        self.registry = registry
+        self.tokens = ReplyTokens(secret)
+        self.authorize = authorize
+        self.on_decided = on_decided
+        self.executor = Executor(registry, approval=DeferredApproval(store))
+        local, _, domain = config.reply_to.rpartition("@")
+        self._local, self._domain = local.lower(), domain.lower()
+
+    async def ingest(self, raw: bytes) -> Outcome:
+        """Read `raw` (one RFC 5322 message) and decide its review if it says so."""
+        parsed = message_from_bytes(raw, policy=policy.default)
+        assert isinstance(parsed, EmailMessage)  # policy.default makes EmailMessages
+        message_id = _one_line(parsed.get("Message-ID"))
+        automatic = screen(parsed)
+        if automatic is not None:
+            return Outcome("dropped", automatic, message_id=message_id)
+        token = self._token(parsed)
+        if token is None:
+            return Outcome(
+                "dropped", "no reply token in its addresses or Message-IDs", message_id=message_id
+            )
+        try:
+            approval_id = self.tokens.approval_of(token)
+            record = await self.store.get(approval_id)
+        except (InvalidToken, ApprovalNotFound):
+            return Outcome("dropped", "its reply token names no review", message_id=message_id)
+        claimed = _bare_from(parsed)
+        refuse = _Refuser(self.store, record, message_id, claimed)
+        if message_id is None:
+            return await refuse("the message has no Message-ID, so it cannot be told apart")
+        if await self._seen(approval_id, message_id):
+            return await refuse(f"the message {message_id} was processed already")
+        found = sender_of(
+            parsed,
+            trusted_authserv_id=self.config.trusted_authserv_id,
+            require_authenticated=self.config.require_authenticated_sender,
+        )
+        if isinstance(found, Refused):
+            return await refuse(found.reason)
+        address = found.address
+        refuse.actor = address
+        try:
+            self.tokens.verify(token, reviewer=address, digest=record.request.digest)
+        except InvalidToken as exc:
+            return await refuse(f"the reply token does not hold for {address}: {exc}")
+        if record.decision is not None:
+            by = f" by {record.decision.decided_by}" if record.decision.decided_by else ""
+            return await refuse(f"the review was already decided{by}")
+        said = command(reply_text(parsed), editable=self._editable(record))
+        if isinstance(said, Unclear):
+            return await refuse(said.reason)
+        decision = self._decision(said, record, address)
+        if isinstance(decision, str):
+            return await refuse(decision)
+        return await self._decide(record, decision, address, refuse)
+
+    def _token(self, message: EmailMessage) -> str | None:
+        """The token of the plus address of `reply_to` the message was sent to, else the one
+        in the Message-IDs it answers."""
+        for name in ("To", "Delivered-To", "Cc"):
+            for header in message.get_all(name) or []:
+                for address in getattr(header, "addresses", ()):
+                    local = str(address.username).lower()
+                    mailbox, plus, tag = local.partition("+")
+                    domain = str(address.domain).lower().rstrip(".")
+                    if plus and mailbox == self._local and domain == self._domain and tag:
+                        return tag
+        for name in ("In-Reply-To", "References"):
+            for header in message.get_all(name) or []:
+                for found in _TOKEN_IN_ID.finditer(str(header)):
+                    return found.group(1).lower()
+        return None
+
+    async def _seen(self, approval_id: str, message_id: str) -> bool:
+        for event in await self.store.events(approval_id):
+            if event.kind not in ("refused", "voted", "decided"):
+                continue
+            evidence = event.detail.get("evidence") or {}
+            if isinstance(evidence, dict) and evidence.get("message_id") == message_id:
+                return True
+        return False
+
+    def _schema(self, record: ApprovalRecord) -> dict[str, Any] | None:
+        tool = record.request.tool
+        if tool not in self.registry:
+            return None
+        return self.registry.get(tool).model.model_json_schema()
+
+    def _editable(self, record: ApprovalRecord) -> Sequence[str]:
+        """The arguments a reply may edit: the rule's `editable`, else every argument."""
+        editable = record.request.policy.get("editable")
+        if editable is not None:
+            return [str(name) for name in editable]
+        schema = self._schema(record) or {}
+        return [*schema.get("properties", {}), *record.request.arguments]
+
+    def _decision(self, said: Any, record: ApprovalRecord, address: str) -> Decision | str:
+        """The decision a command asks for, or why it cannot be made."""
+        if isinstance(said, Deny):
+            too_long = reason_too_long(said.reason)
+            if too_long is not None:
+                return too_long
+            return Decision(approved=False, reason=said.reason, decided_by=address)
+        if not isinstance(said, Edit):
+            return Decision(approved=True, decided_by=address)
+        schema = self._schema(record)
+        if schema is None:
+            return f"edits of {record.request.tool} cannot be checked here; approve or deny it"
+        arguments = record.request.arguments
+        fields = edit_fields(schema, arguments, self._editable(record))
+        form = {FIELD_PREFIX + name: value for name, value in said.arguments.items()}
+        parsed = parse_edit(fields, form, arguments)
+        if parsed.errors:
+            return "; ".join(f"{name}: {why}" for name, why in parsed.errors.items())
+        if not parsed.edited:
+            return "the edit changes nothing; reply approve to run the call as it is"
+        return Decision(approved=True, edited_args=parsed.edited, decided_by=address)
+
+    async def _decide(
+        self, record: ApprovalRecord, decision: Decision, address: str, refuse: _Refuser
+    ) -> Outcome:
+        verdict = await self.authorize(address, record, decision)
+        person = verdict.person
+        refuse.person = person
+        if verdict.refusal is not None:
+            return await refuse(str(verdict.refusal))
+        try:
+            decided = await self.executor.decide(
+                record.approval_id,
+                decision,
+                decided_by=address,
+                channel=CHANNEL,
+                person=person,
+                evidence={"message_id": refuse.message_id},
+            )
+        except ApprovalAlreadyDecided as exc:
+            by = f" by {exc.decided_by}" if exc.decided_by else ""
+            return await refuse(f"the review was already decided{by}")
+        except ApprovalAlreadyVoted:
+            return await refuse("you have voted on this review already")
+        except InvalidDecisionError as exc:
+            return await refuse(exc.message)
+        except InvalidArgumentsError as exc:
+            wrong = "; ".join(f"{e['field']}: {e['message']}" for e in exc.errors)
+            return await refuse(f"the edited arguments are not valid for the tool: {wrong}")
+        except UnknownToolError as exc:
+            return await refuse(f"edits of {exc.tool} cannot be checked here")
+        if self.on_decided is not None:
+            self.on_decided()  # the run may go on
+        return Outcome("decided", None, decided.approval_id, refuse.message_id)
+
+
+class _Refuser:
+    """Records why a message naming `record` decided nothing, and says so as an `Outcome`."""
+
+    def __init__(
+        self, store: ApprovalStore, record: ApprovalRecord, message_id: str | None, actor: str
+    ) -> None:
+        self.store = store
+        self.record = record
+        self.message_id = message_id
+        self.actor = actor
+        self.person: str | None = None
+
+    async def __call__(self, reason: str) -> Outcome:
+        approval_id = self.record.approval_id
+        log.info(
+            "email reply refused",
+            extra={"approval_id": approval_id, "reason": reason, "message_id": self.message_id},
+        )
+        await self.store.refuse(
+            approval_id,
+            actor=self.actor or None,
+            channel=CHANNEL,
+            reason=reason,
+            person=self.person,
+            evidence={"message_id": self.message_id},
+        )
+        return Outcome("refused", reason, approval_id, self.message_id)
+
+
+def _one_line(value: object) -> str | None:
+    text = " ".join(str(value).split()) if value is not None else ""
+    return text or None
+
+
+def _bare_from(message: EmailMessage) -> str:
+    """The first From address as written (for the events of a refused message only)."""
+    addresses = getattr(message.get("From"), "addresses", ())
+    return str(addresses[0].addr_spec)[:320] if addresses else ""
