@@ -137,10 +137,12 @@ def create_app(
         Route("/approvals/{approval_id}", api.get, methods=["GET"]),
         Route("/approvals/{approval_id}/decide", api.decide, methods=["POST"]),
     ]
+    email = []
     if service is not None:
         routes += run_routes(service, table)
-        routes += email_routes(service, table, authorize_decision or refuse_self_approval)
-    document = openapi_document(with_runs=service is not None)
+        email = email_routes(service, table, authorize_decision or refuse_self_approval)
+        routes += email
+    document = openapi_document(with_runs=service is not None, with_email=bool(email))
 
     async def openapi(request: Request) -> Response:
         return JSONResponse(document)

@@ -134,8 +134,42 @@ def _run_paths() -> dict[str, Any]:
     }
 
 
-def openapi_document(*, with_runs: bool) -> dict[str, Any]:
-    """The OpenAPI 3.1 document of the API (with the runs routes when they are served)."""
+def _email_paths() -> dict[str, Any]:
+    text = {"type": "string"}
+    nullable = {"type": ["string", "null"]}
+    outcome = {
+        "type": "object",
+        "properties": {
+            "status": {"enum": ["decided", "refused", "dropped"]},
+            "reason": nullable,
+            "approval_id": nullable,
+            "message_id": nullable,
+        },
+        "required": ["status", "reason", "approval_id", "message_id"],
+    }
+    answers: dict[str, Any] = {
+        "202": {
+            "description": "taken: decided, refused (an event on its review says why) or "
+            "dropped (an automatic message, or one naming no review)",
+            "content": {"application/json": {"schema": outcome}},
+        }
+    }
+    for status in ("401", "403", "413"):
+        answers[status] = {"description": _ERRORS[status], **_json(_ref(ErrorBody))}
+    answers["415"] = {"description": "not a raw email", **_json(_ref(ErrorBody))}
+    operation = _operation(
+        "A reply to a review email, as a mail provider hands it on", "email:ingest", answers
+    )
+    operation["requestBody"] = {
+        "required": True,
+        "content": {"message/rfc822": {"schema": text}},
+    }
+    return {"/email/inbound": {"post": operation}}
+
+
+def openapi_document(*, with_runs: bool, with_email: bool = False) -> dict[str, Any]:
+    """The OpenAPI 3.1 document of the API (with the runs routes and the email door when
+    they are served)."""
     models: list[type[BaseModel]] = [
         ApprovalDetail,
         ApprovalView,
@@ -149,6 +183,8 @@ def openapi_document(*, with_runs: bool) -> dict[str, Any]:
         [(model, "serialization") for model in models], ref_template=_REF
     )
     paths = _approval_paths() | (_run_paths() if with_runs else {})
+    if with_email:
+        paths |= _email_paths()
     return {
         "openapi": "3.1.0",
         "info": {"title": "nodbot", "version": __version__},

@@ -214,3 +214,13 @@ async def test_an_unauthenticated_reply_is_refused(bot: Bot) -> None:
 async def test_a_body_over_one_megabyte_is_refused_unread(bot: Bot) -> None:
     answer = await bot.post(b"x" * (EMAIL_BODY + 1))
     assert answer.status_code == 413
+
+
+async def test_the_openapi_document_describes_the_email_door(bot: Bot) -> None:
+    document = (await bot.client.get("/openapi.json")).json()
+    operation = document["paths"]["/email/inbound"]["post"]
+    assert operation["description"] == "Needs a token with the scope `email:ingest`."
+    assert list(operation["requestBody"]["content"]) == ["message/rfc822"]
+    outcome = operation["responses"]["202"]["content"]["application/json"]["schema"]
+    assert outcome["properties"]["status"] == {"enum": ["decided", "refused", "dropped"]}
+    assert {"401", "403", "413", "415"} <= set(operation["responses"])
