@@ -24,7 +24,7 @@ import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import datetime
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeAlias
 
 from aiohttp import ClientError
 from slack_sdk.errors import SlackApiError
@@ -42,6 +42,7 @@ from nodbot.core.store import utc_now
 
 __all__ = [
     "NOT_A_REVIEWER",
+    "AuthorizeDecision",
     "Authorizer",
     "PostedChannels",
     "StartedBy",
@@ -56,6 +57,10 @@ NOT_A_REVIEWER = "you are not one of the reviewers of this call"
 StartedBy = Callable[[ApprovalRecord], Awaitable[str | None]]
 """`(record) -> who started its run for its requester`, None when nobody else did. Raises
 `StoreError` when that cannot be read."""
+
+AuthorizeDecision: TypeAlias = Callable[[str, ApprovalRecord, Decision], Awaitable["Verdict"]]
+"""`(handle, record, decision) -> Verdict`: what every channel asks before recording a
+decision (an `Authorizer`, or a test's own)."""
 
 PostedChannels = Callable[[ApprovalRecord, str], Awaitable[set[str]]]
 """`(record, channel reviewer as written) -> ids of the channels the review was posted to for

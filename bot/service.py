@@ -249,17 +249,14 @@ class BotService:
             await self._work(stop)
         finally:
             self.health.running = False
-            if self._listening is not None:
-                await self._listening()
-                self._listening = None
-
-    _listening: Listening | None = None
+            if self.health.listening is not None:
+                await self.health.listening()
+                self.health.listening = None
 
     async def _listen(self) -> None:
         listen = getattr(self.store, "listen", None)  # the memory store has no notices
-        if self._listening is None and listen is not None:
-            self._listening = await listen(self.decided)
-            self.health.listening = self._listening
+        if self.health.listening is None and listen is not None:
+            self.health.listening = await listen(self.decided)
 
     async def _work(self, stop: asyncio.Event) -> None:
         backoff = FIRST_BACKOFF

@@ -23,12 +23,13 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from email import message_from_bytes, policy
 from email.message import EmailMessage
 from typing import Any, Literal
 
+from nodbot.bot.authorize import AuthorizeDecision
 from nodbot.bot.config import EmailConfig
 from nodbot.bot.email.reading import Deny, Edit, Refused, Unclear, command, reply_text, screen
 from nodbot.bot.email.reading import sender as sender_of
@@ -55,9 +56,6 @@ log = logging.getLogger(__name__)
 
 CHANNEL = "email"
 
-Authorize = Callable[[str, ApprovalRecord, Decision], Awaitable[Any]]
-"""`(handle, record, decision) -> Verdict` (`bot.authorize.Authorizer`): its `person` and
-`refusal` are read."""
 
 _TOKEN_IN_ID = re.compile(rf"\.([a-z2-7]{{{TOKEN_LENGTH}}})@", re.IGNORECASE)
 
@@ -95,7 +93,7 @@ class Inbound:
         registry: ToolRegistry,
         *,
         secret: str | None,
-        authorize: Authorize,
+        authorize: AuthorizeDecision,
         on_decided: Callable[[], None] | None = None,
     ) -> None:
         if not secret:

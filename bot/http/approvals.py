@@ -22,8 +22,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable, Sequence
-from typing import TYPE_CHECKING, Any, TypeAlias, TypeVar
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from pydantic import BaseModel
 from slack_bolt.adapter.starlette.async_handler import AsyncSlackRequestHandler
@@ -34,7 +34,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from nodbot.bot.authorize import Verdict
+from nodbot.bot.authorize import AuthorizeDecision, Verdict
 from nodbot.bot.config import ApiToken
 from nodbot.bot.http.access import AccessLog
 from nodbot.bot.http.auth import ApiError, TokenTable
@@ -83,7 +83,6 @@ log = logging.getLogger(__name__)
 HEALTH_TIMEOUT = 5.0
 """Seconds the health check waits for the store: a database that hangs is not healthy."""
 
-AuthorizeDecision: TypeAlias = Callable[[str, ApprovalRecord, Decision], Awaitable[Verdict]]
 """`(handle, record, decision) -> Verdict`: the person the handle stands for, and the reason
 to refuse (None to allow). The bot's is `bot.authorize.Authorizer`."""
 

@@ -10,7 +10,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from nodbot.bot.email.inbound import Authorize, Inbound
+from nodbot.bot.authorize import AuthorizeDecision
+from nodbot.bot.email.inbound import Inbound
 from nodbot.bot.http.auth import ApiError, TokenTable
 from nodbot.bot.service import BotService
 
@@ -21,7 +22,9 @@ CONTENT_TYPES = ("message/rfc822", "application/octet-stream")
 set a type of their own."""
 
 
-def email_routes(service: BotService, tokens: TokenTable, authorize: Authorize) -> list[Route]:
+def email_routes(
+    service: BotService, tokens: TokenTable, authorize: AuthorizeDecision
+) -> list[Route]:
     """The route, when the bot has an `email:` section (none otherwise)."""
     config = service.config
     if config.email is None:
