@@ -119,7 +119,10 @@ async def _serving(
             channels.append(slack_channel)
         if config.email is not None:
             secret = config.web.secret.get_secret_value() if config.web.secret else None
-            channels.append(EmailChannel(config.email, store, secret=secret))
+            links_base = config.web.public_url or _own_url(listening)
+            channels.append(
+                EmailChannel(config.email, store, secret=secret, links_base=links_base)
+            )
         service = BotService(config, store, agents, channels=channels, registry=registry)
         authorizer = authorizer_for(config, slack_channel, runs=store)
         slack = None
@@ -169,6 +172,14 @@ async def _serving(
             await service.close()
     finally:
         await store.close()
+
+
+def _own_url(listening: socket.socket) -> str:
+    """The bot's address as bound (port 0 made a real one), an address that listens
+    everywhere written as loopback."""
+    host, port = listening.getsockname()[:2]
+    host = {"0.0.0.0": "127.0.0.1", "::": "::1"}.get(host, host)
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
 
 class CannotListen(OSError):

@@ -73,7 +73,14 @@ class EmailChannel:
     name = "email"
     answers = False
 
-    def __init__(self, config: EmailConfig, store: OutboxStore, *, secret: str | None) -> None:
+    def __init__(
+        self,
+        config: EmailConfig,
+        store: OutboxStore,
+        *,
+        secret: str | None,
+        links_base: str | None = None,
+    ) -> None:
         if not secret:
             # Fail closed: unsigned, or signed with a key nobody keeps, replies would be
             # forgeable or stop verifying at the next start.
@@ -81,6 +88,10 @@ class EmailChannel:
         self.config = config
         self.store = store
         self.tokens = ReplyTokens(secret)
+        self.secret = secret
+        self.links_base = links_base
+        """Where the web inbox is reached (`web.public_url`, else the bot's own address), for
+        the signed links of the requests; None sends requests without links."""
         self.domain = config.sender.rpartition("@")[2]
         self.templates = Environment(
             # Package data of `nodbot`, in the repository and in an installed wheel alike.
