@@ -21,9 +21,14 @@ from nodbot.bot.config import (
     load_config,
     trust_warnings,
     undecidable_warning,
+    unread_replies_warning,
 )
 from nodbot.bot.config.agents import report_agents
+from nodbot.bot.email.answers import Answers
 from nodbot.bot.email.channel import EmailChannel
+from nodbot.bot.email.imap import ImapReader
+from nodbot.bot.email.inbound import Inbound
+from nodbot.bot.email.listener import MailListener
 from nodbot.bot.http import create_app
 from nodbot.bot.logs import config_secrets, configure_logging
 from nodbot.bot.outbox import Channel
@@ -53,6 +58,8 @@ class Served:
     """Done when the HTTP server has stopped (it stops on SIGINT and SIGTERM)."""
     inbox: WebInbox
     """The web inbox under /inbox."""
+    mail_port: int | None = None
+    """The port of the SMTP / LMTP listener of `email.inbound.listen`, when there is one."""
 
     def sign_in_link(self, principal: str) -> str:
         """A link that signs `principal` in to this bot's web inbox. It is signed with the
@@ -103,8 +110,8 @@ async def _serving(
     report = report_agents(config)
     if report.problems:
         raise ConfigError(report.problems)
-    undecidable = undecidable_warning(config)
-    for warning in [*trust_warnings(config, host=host), *report.warnings, undecidable]:
+    undecidable = [undecidable_warning(config), unread_replies_warning(config)]
+    for warning in [*trust_warnings(config, host=host), *report.warnings, *undecidable]:
         if warning is not None:
             log.warning("%s", warning)
     agents, _ = load_agents(config)
@@ -117,12 +124,12 @@ async def _serving(
         if config.slack is not None:
             slack_channel = SlackChannel(config.slack, store, registry)
             channels.append(slack_channel)
+        email_channel = None
         if config.email is not None:
             secret = config.web.secret.get_secret_value() if config.web.secret else None
             links_base = config.web.public_url or _own_url(listening)
-            channels.append(
-                EmailChannel(config.email, store, secret=secret, links_base=links_base)
-            )
+            email_channel = EmailChannel(config.email, store, secret=secret, links_base=links_base)
+            channels.append(email_channel)
         service = BotService(config, store, agents, channels=channels, registry=registry)
         authorizer = authorizer_for(config, slack_channel, runs=store)
         slack = None
@@ -137,6 +144,18 @@ async def _serving(
             service=service,
             authorize=authorizer,
         )
+        inbound = answers = None
+        if config.email is not None and email_channel is not None:
+            answers = Answers(config.email, email_channel.send)
+            inbound = Inbound(
+                config.email,
+                store,
+                service.registry,
+                secret=config.web.secret.get_secret_value() if config.web.secret else None,
+                authorize=authorizer,
+                on_decided=service.decided,
+                answers=answers,
+            )
         app = create_app(
             store=store,
             registry=service.registry,
@@ -145,6 +164,7 @@ async def _serving(
             service=service,
             inbox=inbox,
             slack=slack if config.slack is not None and config.slack.mode == "http" else None,
+            email=inbound,
         )
         # uvicorn's own records go through the bot's handler (log_config=None: one format,
         # one stream), and the bot logs each request itself (`AccessLog`).
@@ -156,19 +176,36 @@ async def _serving(
         serving_task = asyncio.create_task(server.serve(sockets=[listening]))
         working_task = asyncio.create_task(service.work(stop))
         socket_mode = None
+        listener = None
+        reading_task = None
         try:
             await _started(server, serving_task)
+            email_in = config.email.inbound if config.email is not None else None
+            if inbound is not None and email_in is not None and email_in.listen is not None:
+                listener = MailListener(inbound, email_in)
+                await listener.start()
+            if inbound is not None and email_in is not None and email_in.imap is not None:
+                reader = ImapReader(
+                    inbound, email_in.imap, on_problem=service.health.mailbox_problem
+                )
+                reading_task = asyncio.create_task(reader.run(stop))
             if slack is not None and config.slack is not None and config.slack.mode == "socket":
                 socket_mode = await connect_socket_mode(slack, config.slack)
             bound_host, bound_port = server.servers[0].sockets[0].getsockname()[:2]
             url = f"http://{bound_host}:{bound_port}"
-            yield Served(url, store.display_url, service, serving_task, inbox)
+            mail_port = None if listener is None else listener.bound_port
+            yield Served(url, store.display_url, service, serving_task, inbox, mail_port)
         finally:
+            if listener is not None:
+                await listener.close()
             if socket_mode is not None:
                 await socket_mode.close_async()  # type: ignore[no-untyped-call]
             server.should_exit = True
             stop.set()
-            await asyncio.gather(serving_task, working_task, return_exceptions=True)
+            tasks = [serving_task, working_task, *([reading_task] if reading_task else [])]
+            await asyncio.gather(*tasks, return_exceptions=True)
+            if answers is not None:
+                await answers.close()
             await service.close()
     finally:
         await store.close()

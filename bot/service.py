@@ -75,10 +75,15 @@ class WorkerHealth:
     """The database's notices, where the store has them."""
     stepped: bool = False
     """A step has succeeded since the workers started (`/readyz` waits for one)."""
+    mailbox: str | None = None
+    """Why the mailbox of `email.inbound.imap` cannot be read, while it cannot."""
 
     def failed(self, exc: Exception) -> None:
         self.failures += 1
         self.error = f"{type(exc).__name__}: {exc}"
+
+    def mailbox_problem(self, reason: str | None) -> None:
+        self.mailbox = reason
 
     def succeeded(self) -> None:
         self.failures, self.error, self.stepped = 0, None, True
@@ -92,6 +97,8 @@ class WorkerHealth:
             found.append(f"the workers' last {self.failures} steps failed: {self.error}")
         if self.listening is not None and not self.listening.connected:
             found.append("the database's notices of decisions are not being received")
+        if self.mailbox is not None:
+            found.append(f"the replies' mailbox cannot be read: {self.mailbox}")
         return found
 
 

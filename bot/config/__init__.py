@@ -42,7 +42,7 @@ from nodbot.bot.config.models import (
 )
 from nodbot.bot.config.predicates import AllOf, AnyOf, PredicateSpec
 from nodbot.bot.config.reader import load_config
-from nodbot.bot.config.trust import trust_warnings, undecidable_warning
+from nodbot.bot.config.trust import trust_warnings, undecidable_warning, unread_replies_warning
 from nodbot.bot.config.values import Reviewer, parse_duration, parse_reviewer
 
 __all__ = [
@@ -73,4 +73,5 @@ __all__ = [
     "parse_reviewer",
     "trust_warnings",
     "undecidable_warning",
+    "unread_replies_warning",
 ]

@@ -562,19 +562,39 @@ class SmtpConfig(_MailServer):
 
 
 class ImapConfig(_MailServer):
-    """A mailbox replies are read from (coming: not read yet)."""
+    """A mailbox replies are read from: new messages are read as they arrive (IDLE where the
+    server has it, else every `poll` seconds) and each is moved to `processed_mailbox`, or
+    flagged seen, once processed, so a restart never decides one twice nor skips one."""
 
+    tls: MailTls = "tls"
+    """`tls` (TLS from the start, port 993: the default) or `none` (plain text, port 143:
+    only on a trusted network); `starttls` is not offered for IMAP."""
     mailbox: OneLine = "INBOX"
     """The folder replies arrive in."""
     processed_mailbox: OneLine | None = None
-    """Where a processed reply is moved; without it, it is flagged as seen."""
+    """Where a processed reply is moved (it must exist); without it, it is flagged as seen.
+    Moving is the safer choice: a person reading the mailbox cannot mark a reply seen before
+    the bot has read it."""
+    poll: Annotated[float, Field(gt=0, le=3600)] = 30
+    """Seconds between looks at the mailbox when the server has no IDLE; with IDLE, the
+    longest wait before looking again anyway."""
+
+    @field_validator("tls")
+    @classmethod
+    def _no_starttls(cls, value: str) -> str:
+        if value == "starttls":
+            raise problem("IMAP is read over tls (port 993) or none; starttls is not offered")
+        return value
 
 
 class InboundConfig(ConfigModel):
-    """How replies reach the bot (coming: accepted and checked, not used yet)."""
+    """How replies reach the bot: any of a listener, a mailbox, and (always, when `email:` is
+    set) `POST /email/inbound` for mail providers' webhooks."""
 
     listen: OneLine | None = None
-    """`host:port` the bot listens on for a mail server to hand replies to."""
+    """`host:port` the bot listens on for a mail server to hand replies to (port 0 picks a
+    free one). Only mail to `reply_to` is taken, so it is no relay; keep it on an address
+    only your mail server reaches."""
     protocol: Literal["smtp", "lmtp"] = "smtp"
     """What is spoken on `listen`."""
     imap: ImapConfig | None = None
@@ -585,7 +605,7 @@ class InboundConfig(ConfigModel):
     def _listen(cls, value: str | None) -> str | None:
         if value is not None:
             host, _, port = value.rpartition(":")
-            if not host or not port.isdigit() or not 0 < int(port) <= 65535:
+            if not host or not port.isdigit() or not 0 <= int(port) <= 65535:
                 raise problem(f"expected host:port such as 127.0.0.1:2525, not {value!r}")
         return value
 
@@ -602,13 +622,15 @@ class EmailConfig(ConfigModel):
     smtp: SmtpConfig
     """The server emails are sent through."""
     inbound: InboundConfig | None = None
-    """How replies come back (coming: checked, not used yet)."""
+    """How replies come back (`POST /email/inbound` needs nothing here)."""
     trusted_authserv_id: OneLine | None = None
-    """The authserv-id of your mail server's `Authentication-Results` headers (coming: the
-    only ones believed when a reply is checked)."""
+    """The authserv-id of your mail server's `Authentication-Results` headers: the only ones
+    believed when a reply is checked (any server can write the header; yours is the one
+    that removes forged copies of its own)."""
     require_authenticated_sender: bool = True
-    """Whether a reply must have passed DMARC (or aligned DKIM) at `trusted_authserv_id`
-    (coming, with replies)."""
+    """Whether a reply must have passed DMARC (or DKIM aligned with its From domain) at
+    `trusted_authserv_id`. Turn it off only where nobody else can reach the inbound doors
+    (the demo's loopback listener): without it, a From header is believed as written."""
     reply_ttl: Duration = 604_800
     """How long a reply token works at most (default 7d); it ends with its review's timeout
     when that comes first."""

@@ -16,13 +16,17 @@ from pydantic import BaseModel, SecretStr
 from nodbot.bot.config.errors import KeyPath, Source, dotted
 from nodbot.bot.config.models import Config
 
-__all__ = ["MIN_SECRET_LENGTH", "trust_warnings", "undecidable_warning"]
+__all__ = [
+    "MIN_SECRET_LENGTH",
+    "trust_warnings",
+    "undecidable_warning",
+    "unread_replies_warning",
+]
 
 MIN_SECRET_LENGTH = 32
 """Below this a secret is warned of as weak (the file is refused below 16)."""
 _MIN_VARIETY = 8
 """A secret of fewer distinct characters is warned of as weak."""
-_EMAIL_SECRET_KEY = re.compile(r"password|passwd|secret|token", re.IGNORECASE)
 _LOOPBACK_NAMES = ("localhost", "localhost.", "ip6-localhost")
 _MAKE_ONE = "python -c 'import secrets; print(secrets.token_urlsafe(32))'"
 
@@ -88,25 +92,30 @@ def undecidable_warning(config: Config) -> str | None:
     )
 
 
+def unread_replies_warning(config: Config) -> str | None:
+    """`nodbot serve`'s warning when no email reply can decide anything: senders must be
+    authenticated (the default) but no `trusted_authserv_id` says whose word counts, so every
+    reply is refused (and recorded so) however it comes in."""
+    email = config.email
+    if email is None or not email.require_authenticated_sender or email.trusted_authserv_id:
+        return None
+    return (
+        f"{config.location(('email',))}: warning: no email reply can decide: "
+        "require_authenticated_sender is on (the default) and trusted_authserv_id is not set; "
+        "set it to the authserv-id your mail server writes in Authentication-Results"
+    )
+
+
 # --- the secrets of a configuration ---------------------------------------------------------
 
 
 def _secrets(config: Config) -> Iterator[tuple[KeyPath, str]]:
     """Every secret of the file with its key path, in the order of the models: each
-    `SecretStr` field (API tokens, web.secret, Slack's tokens, webhook secrets, audit.key),
-    and the passwords, secrets and tokens of the `email:` section."""
+    `SecretStr` field (API tokens, web.secret, Slack's tokens, webhook secrets, audit.key,
+    the mail servers' passwords): the models say which values are secrets."""
     for path, value in _walk(config, ()):
         if isinstance(value, SecretStr):
             yield path, value.get_secret_value()
-        elif path[:1] == ("email",) and _is_password(path, value):
-            yield path, str(value)
-
-
-def _is_password(path: KeyPath, value: object) -> bool:
-    """Whether a value of the `email:` section is a password, secret or token."""
-    if isinstance(value, bool) or not isinstance(value, (str, int)):
-        return False
-    return _EMAIL_SECRET_KEY.search(str(path[-1])) is not None
 
 
 def _walk(value: Any, path: KeyPath) -> Iterator[tuple[KeyPath, Any]]:

@@ -16,6 +16,13 @@ Sent with aiosmtplib: 4xx answers, refused connections and timeouts are retried 
 outbox with backoff; 5xx answers give the delivery up (recorded `undelivered`). Once the
 review is decided, from whichever channel, each reviewer whose request was sent gets the
 outcome (`In-Reply-To`/`References` its request): who decided, when, the edited arguments.
+
+Each request also carries signed links (with `links_base`, the inbox's address): approve and
+deny as the rule allows, edit when the call may be edited, each
+`<links_base>/inbox/review?token=...` signed with `web.secret` for the reviewer, the
+approval and that decision (`bot.web.signing.review_link`), expiring with the reply token.
+A link decides nothing when opened (mail scanners open links): it signs its reviewer in to
+the web inbox for that approval only, on a page whose form decides (`bot.web.app`).
 """
 
 from __future__ import annotations
@@ -33,8 +40,10 @@ import aiosmtplib
 from jinja2 import Environment, PackageLoader, StrictUndefined, select_autoescape
 
 from nodbot.bot.config import EmailConfig, parse_reviewer
-from nodbot.bot.email.tokens import ReplyTokens
+from nodbot.bot.email.reading import MARKER
+from nodbot.bot.email.tokens import InvalidToken, ReplyTokens
 from nodbot.bot.outbox import DeliveryError, Moment, OutboxStore
+from nodbot.bot.web.signing import ReviewAction, Signer, SignInLinkError, review_link
 from nodbot.core import ApprovalRecord, Delivery, NewDelivery
 
 __all__ = ["EmailChannel", "email_addresses"]
@@ -44,6 +53,8 @@ log = logging.getLogger(__name__)
 SUBJECT_LENGTH = 150
 """Characters of a subject at most: the tool and the rule's description, not a paragraph."""
 TIMEOUT_DECIDER = "nodbot:timeout"
+REVIEW_ACTIONS: tuple[ReviewAction, ...] = ("approve", "edit", "deny")
+"""The decisions a request links to, in the order it lists them."""
 
 
 def email_addresses(entries: object) -> list[str]:
@@ -170,6 +181,7 @@ class EmailChannel:
         allowed = policy.get("allowed_decisions") or ["approve", "edit", "deny"]
         editable = policy.get("editable")
         deadline = request.deadline
+        can_edit = "edit" in allowed and request.approvals_required == 1 and editable != []
         context = {
             "marker": self.marker,
             "escalated": delivery.kind == "escalation",
@@ -182,12 +194,46 @@ class EmailChannel:
             "deadline": None if deadline is None else _when(deadline),
             "allowed": allowed,
             "editable": editable,
-            "can_edit": "edit" in allowed and request.approvals_required == 1 and editable != [],
+            "can_edit": can_edit,
+            "links": self._links(delivery.address, record, token, allowed, can_edit),
         }
         message = self._envelope(delivery, token, self._render("request_subject.txt", context))
         message.set_content(self._render("request.txt", context))
         message.add_alternative(self._render("request.html", context), subtype="html")
         return message
+
+    def _links(
+        self, address: str, record: ApprovalRecord, token: str, allowed: list[str], can_edit: bool
+    ) -> list[tuple[str, str]]:
+        """The request's signed links, `(action, url)` for each decision offered: approve
+        and deny as the rule allows, edit when the request says how. Each expires with the
+        reply token `token` (its expiry is read back from it, so both end together). None
+        without `links_base`, once the token has expired, or for an address the inbox cannot
+        sign in (the reply still works)."""
+        if self.links_base is None:
+            return []
+        try:
+            claims = self.tokens.verify(token, reviewer=address, digest=record.request.digest)
+        except InvalidToken:
+            return []
+        offered: list[ReviewAction] = [
+            action
+            for action in REVIEW_ACTIONS
+            if (can_edit if action == "edit" else action in allowed)
+        ]
+        signer, base = Signer(self.secret), self.links_base
+        expires = int(claims.expires_at.timestamp())
+        try:
+            return [
+                (
+                    action,
+                    review_link(signer, base, address, record.approval_id, action, expires=expires),
+                )
+                for action in offered
+            ]
+        except SignInLinkError as exc:
+            log.info("no links in the request to %s: %s", address, exc)
+            return []
 
     def _outcome(
         self, delivery: Delivery, record: ApprovalRecord, token: str, request: Delivery
@@ -229,6 +275,11 @@ class EmailChannel:
             raise DeliveryError("the request to this reviewer is not sent yet", retry_after=1)
         return None
 
+    async def send(self, message: EmailMessage, address: str) -> None:
+        """Send `message` to `address` through `smtp` once; raises `DeliveryError`
+        (`permanent` for a 5xx answer)."""
+        await self._send(message, address)
+
     async def _send(self, message: EmailMessage, address: str) -> None:
         smtp = self.config.smtp
         try:
@@ -258,8 +309,9 @@ class EmailChannel:
 
     @property
     def marker(self) -> str:
-        """The line a reply is cut at (what is above it counts), at the top of each request."""
-        return self._render("marker.txt", {}).strip()
+        """The line a reply is cut at (what is above it counts), at the top of each request:
+        the one `reading.reply_text` looks for."""
+        return MARKER
 
     def _render(self, name: str, context: dict[str, Any]) -> str:
         return self.templates.get_template(name).render(context)

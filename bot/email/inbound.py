@@ -24,13 +24,14 @@ from __future__ import annotations
 import logging
 import re
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from email import message_from_bytes, policy
 from email.message import EmailMessage
 from typing import Any, Literal
 
 from nodbot.bot.authorize import AuthorizeDecision
 from nodbot.bot.config import EmailConfig
+from nodbot.bot.email.answers import Answers
 from nodbot.bot.email.reading import Deny, Edit, Refused, Unclear, command, reply_text, screen
 from nodbot.bot.email.reading import sender as sender_of
 from nodbot.bot.email.tokens import TOKEN_LENGTH, InvalidToken, ReplyTokens
@@ -73,6 +74,10 @@ class Outcome:
     approval_id: str | None = None
     """The review it named, when it named one."""
     message_id: str | None = None
+    record: ApprovalRecord | None = field(default=None, repr=False, compare=False)
+    """The review as the decision left it (a vote leaves it pending), once decided."""
+    answered: bool = False
+    """An answer is on its way to the sender (only verified reviewers get one)."""
 
     def as_json(self) -> dict[str, Any]:
         return {
@@ -80,6 +85,7 @@ class Outcome:
             "reason": self.reason,
             "approval_id": self.approval_id,
             "message_id": self.message_id,
+            "answered": self.answered,
         }
 
 
@@ -95,6 +101,7 @@ class Inbound:
         secret: str | None,
         authorize: AuthorizeDecision,
         on_decided: Callable[[], None] | None = None,
+        answers: Answers | None = None,
     ) -> None:
         if not secret:
             raise ValueError("inbound email needs web.secret to verify reply tokens")
@@ -104,19 +111,29 @@ class Inbound:
         self.tokens = ReplyTokens(secret)
         self.authorize = authorize
         self.on_decided = on_decided
+        self.answers = answers
+        """Answers verified reviewers in their reply's thread (none without)."""
         self.executor = Executor(registry, approval=DeferredApproval(store))
         local, _, domain = config.reply_to.rpartition("@")
         self._local, self._domain = local.lower(), domain.lower()
 
-    async def ingest(self, raw: bytes) -> Outcome:
-        """Read `raw` (one RFC 5322 message) and decide its review if it says so."""
+    def is_reply_address(self, address: str) -> bool:
+        """Whether `address` is the `reply_to` mailbox, with or without a +tag."""
+        local, _, domain = address.strip().strip("<>").rpartition("@")
+        mailbox = local.lower().partition("+")[0]
+        return mailbox == self._local and domain.lower().rstrip(".") == self._domain
+
+    async def ingest(self, raw: bytes, *, recipients: Sequence[str] = ()) -> Outcome:
+        """Read `raw` (one RFC 5322 message) and decide its review if it says so.
+        `recipients` are the envelope's (RCPT TO), when the message came over SMTP or LMTP:
+        the plus address there names the review even when the headers do not."""
         parsed = message_from_bytes(raw, policy=policy.default)
         assert isinstance(parsed, EmailMessage)  # policy.default makes EmailMessages
         message_id = _one_line(parsed.get("Message-ID"))
         automatic = screen(parsed)
         if automatic is not None:
             return Outcome("dropped", automatic, message_id=message_id)
-        token = self._token(parsed)
+        token = self._token(parsed, recipients)
         if token is None:
             return Outcome(
                 "dropped", "no reply token in its addresses or Message-IDs", message_id=message_id
@@ -128,6 +145,27 @@ class Inbound:
             return Outcome("dropped", "its reply token names no review", message_id=message_id)
         claimed = _bare_from(parsed)
         refuse = _Refuser(self.store, record, message_id, claimed)
+        outcome = await self._read(parsed, token, record, refuse)
+        if self.answers is not None and refuse.verified:
+            answer = self.answers.compose(
+                parsed,
+                address=refuse.actor,
+                token=token,
+                record=outcome.record or record,
+                status=outcome.status,
+                reason=outcome.reason,
+                said=refuse.said,
+                pending=outcome.record is not None and outcome.record.decision is None,
+            )
+            self.answers.send_later(answer, refuse.actor, record.approval_id)
+            outcome = replace(outcome, answered=True)
+        return outcome
+
+    async def _read(
+        self, parsed: EmailMessage, token: str, record: ApprovalRecord, refuse: _Refuser
+    ) -> Outcome:
+        """What the message of a review's token does, refusals recorded by `refuse`."""
+        approval_id, message_id = record.approval_id, refuse.message_id
         if message_id is None:
             return await refuse("the message has no Message-ID, so it cannot be told apart")
         if await self._seen(approval_id, message_id):
@@ -145,20 +183,29 @@ class Inbound:
             self.tokens.verify(token, reviewer=address, digest=record.request.digest)
         except InvalidToken as exc:
             return await refuse(f"the reply token does not hold for {address}: {exc}")
+        refuse.verified = True  # the reviewer the token was issued to: worth an answer
         if record.decision is not None:
             by = f" by {record.decision.decided_by}" if record.decision.decided_by else ""
             return await refuse(f"the review was already decided{by}")
         said = command(reply_text(parsed), editable=self._editable(record))
         if isinstance(said, Unclear):
             return await refuse(said.reason)
+        refuse.said = (
+            "deny" if isinstance(said, Deny) else "edit" if isinstance(said, Edit) else "approve"
+        )
         decision = self._decision(said, record, address)
         if isinstance(decision, str):
             return await refuse(decision)
         return await self._decide(record, decision, address, refuse)
 
-    def _token(self, message: EmailMessage) -> str | None:
-        """The token of the plus address of `reply_to` the message was sent to, else the one
-        in the Message-IDs it answers."""
+    def _token(self, message: EmailMessage, recipients: Sequence[str]) -> str | None:
+        """The token of the plus address of `reply_to` the message was sent to (the
+        envelope's, then the headers'), else the one in the Message-IDs it answers."""
+        for recipient in recipients:
+            if self.is_reply_address(recipient):
+                tag = recipient.strip().strip("<>").rpartition("@")[0].partition("+")[2]
+                if tag:
+                    return tag.lower()
         for name in ("To", "Delivered-To", "Cc"):
             for header in message.get_all(name) or []:
                 for address in getattr(header, "addresses", ()):
@@ -249,7 +296,7 @@ class Inbound:
             return await refuse(f"edits of {exc.tool} cannot be checked here")
         if self.on_decided is not None:
             self.on_decided()  # the run may go on
-        return Outcome("decided", None, decided.approval_id, refuse.message_id)
+        return Outcome("decided", None, decided.approval_id, refuse.message_id, decided)
 
 
 class _Refuser:
@@ -263,6 +310,10 @@ class _Refuser:
         self.message_id = message_id
         self.actor = actor
         self.person: str | None = None
+        self.verified = False
+        """The sender is the token's reviewer, authenticated: an answer may go to them."""
+        self.said: str | None = None
+        """The command the reply gave: approve, deny or edit."""
 
     async def __call__(self, reason: str) -> Outcome:
         approval_id = self.record.approval_id

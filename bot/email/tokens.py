@@ -12,7 +12,7 @@ The reviewer and the digest are bound by the signature rather than carried: whoe
 knows them (the reply's From, the stored review), which keeps the token short enough for an
 address's 64-character local part. Base32 survives mail servers that change an address's
 case. The key is derived from `web.secret` (the secret the web inbox signs its links with,
-which the signed links of the emails will need too), separated from its other uses by a
+which signs the emails' links too), separated from its other uses by a
 label, so a token is never a valid inbox signature and the other way round.
 """
 

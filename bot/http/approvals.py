@@ -73,6 +73,7 @@ from nodbot.core import (
 )
 
 if TYPE_CHECKING:
+    from nodbot.bot.email.inbound import Inbound
     from nodbot.bot.slack.reviews import SlackReviews
     from nodbot.bot.web import WebInbox
 
@@ -118,12 +119,14 @@ def create_app(
     service: BotService | None = None,
     inbox: WebInbox | None = None,
     slack: SlackReviews | None = None,
+    email: Inbound | None = None,
 ) -> Starlette:
     """The approvals API over `store`; edits are validated with the tools of `registry`.
 
     `authorize_decision` may refuse a decision (403 with its reason); by default
     `refuse_self_approval`. With a `service`, the runs API is served too, and every decision
-    wakes its workers. With an `inbox`, the web inbox is served under `/inbox`.
+    wakes its workers. With an `inbox`, the web inbox is served under `/inbox`; with
+    `email`, replies are taken at `POST /email/inbound`.
     """
     table = TokenTable(tokens)
     on_decided = service.decided if service is not None else None
@@ -136,12 +139,11 @@ def create_app(
         Route("/approvals/{approval_id}", api.get, methods=["GET"]),
         Route("/approvals/{approval_id}/decide", api.decide, methods=["POST"]),
     ]
-    email = []
     if service is not None:
         routes += run_routes(service, table)
-        email = email_routes(service, table, authorize_decision or refuse_self_approval)
-        routes += email
-    document = openapi_document(with_runs=service is not None, with_email=bool(email))
+    if email is not None:
+        routes += email_routes(email, table)
+    document = openapi_document(with_runs=service is not None, with_email=email is not None)
 
     async def openapi(request: Request) -> Response:
         return JSONResponse(document)

@@ -6,14 +6,16 @@ recorded on its review rather than worth another try."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from nodbot.bot.authorize import AuthorizeDecision
-from nodbot.bot.email.inbound import Inbound
 from nodbot.bot.http.auth import ApiError, TokenTable
-from nodbot.bot.service import BotService
+
+if TYPE_CHECKING:  # the email package needs the web inbox's signing, which needs this one
+    from nodbot.bot.email.inbound import Inbound
 
 __all__ = ["email_routes"]
 
@@ -22,22 +24,8 @@ CONTENT_TYPES = ("message/rfc822", "application/octet-stream")
 set a type of their own."""
 
 
-def email_routes(
-    service: BotService, tokens: TokenTable, authorize: AuthorizeDecision
-) -> list[Route]:
-    """The route, when the bot has an `email:` section (none otherwise)."""
-    config = service.config
-    if config.email is None:
-        return []
-    secret = config.web.secret.get_secret_value() if config.web.secret else None
-    inbound = Inbound(
-        config.email,
-        service.store,
-        service.registry,
-        secret=secret,
-        authorize=authorize,
-        on_decided=service.decided,
-    )
+def email_routes(inbound: Inbound, tokens: TokenTable) -> list[Route]:
+    """The route of the bot's inbound email."""
 
     async def receive(request: Request) -> Response:
         tokens.require(request, "email:ingest")

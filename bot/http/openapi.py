@@ -144,8 +144,12 @@ def _email_paths() -> dict[str, Any]:
             "reason": nullable,
             "approval_id": nullable,
             "message_id": nullable,
+            "answered": {
+                "type": "boolean",
+                "description": "an answer is on its way to the sender, a verified reviewer",
+            },
         },
-        "required": ["status", "reason", "approval_id", "message_id"],
+        "required": ["status", "reason", "approval_id", "message_id", "answered"],
     }
     answers: dict[str, Any] = {
         "202": {

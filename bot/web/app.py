@@ -3,6 +3,8 @@
 | route                                  | does                                               |
 |----------------------------------------|----------------------------------------------------|
 | `GET /inbox/login?token=...`           | checks a sign-in link, sets the session cookie     |
+| `GET /inbox/review?token=...`          | checks a review email's link, sets a session for   |
+|                                        | that approval only, 303 to its page (`?action=`)   |
 | `GET /inbox`                           | the pending approvals this reviewer may decide,    |
 |                                        | then the recently decided ones                     |
 | `GET /inbox/approvals/{id}`            | one approval, its events and the decision forms    |
@@ -29,6 +31,18 @@ A session is a signed cookie (`bot.web.signing`), checked on every request again
 store's revocations (`SessionRevocations`: sign-outs, and `nodbot sessions revoke`), so
 that a session ended on one replica, or before a restart, is ended on all. A check that
 cannot be made trusts nobody: the page is a 503 asking to try again.
+
+A review link (the approve / edit / deny links of a review email, `bot.email.channel`) is
+signed for one reviewer, one approval and the decision its button offers, and works as long
+as the email's reply token. Opening it decides nothing (mail scanners open links): it is
+checked like a sign-in link (signature, expiry, and the revocations of its reviewer made
+after it was sent), sets a session limited to that approval (`Session.only`) and answers
+303 with the approval's page, the offered decision's form picked out (`?action=deny`
+focuses the reason). A link that is refused (403) signs nobody in and leaves the browser's
+session as it was. Only that page's form, with its CSRF token, decides, recorded like any
+inbox decision and with the evidence `{"via": "email link"}`. A limited session is refused
+(403, saying why) the inbox's list and every other approval, whether it exists or not; a
+browser already signed in to the whole inbox as the same reviewer keeps that session.
 """
 
 from __future__ import annotations
@@ -65,7 +79,7 @@ from nodbot.bot.http.approvals import refuse_self_approval
 from nodbot.bot.people import IdentityUnavailable, People
 from nodbot.bot.policy import SELF_APPROVAL_REASON, rule_refusal
 from nodbot.bot.service import BotService
-from nodbot.bot.web.signing import Session, Signer, TokenError, link_for
+from nodbot.bot.web.signing import ReviewLink, Session, Signer, TokenError, link_for
 from nodbot.core import (
     ApprovalAlreadyDecided,
     ApprovalAlreadyVoted,
@@ -202,6 +216,7 @@ class WebInbox:
         return [
             Route("/inbox", self._page(self.inbox), methods=["GET"]),
             Route("/inbox/login", self._page(self.login), methods=["GET"]),
+            Route("/inbox/review", self._page(self.review), methods=["GET"]),
             Route("/inbox/logout", self._page(self.logout), methods=["POST"]),
             Route("/inbox/signed-out", self._page(self.signed_out), methods=["GET"]),
             Route("/inbox/approvals/{approval_id}", self._page(self.approval), methods=["GET"]),
@@ -229,15 +244,26 @@ class WebInbox:
         _, cookie = self.signer.new_session(principal, self.web.session_ttl)
         log.info("%s signed in to the web inbox", principal)
         response = RedirectResponse("/inbox", status_code=303)
-        response.set_cookie(
-            COOKIE,
-            cookie,
-            max_age=self.web.session_ttl,
-            path="/inbox",
-            secure=self.secure,
-            httponly=True,
-            samesite="lax",
-        )
+        self._set_cookie(response, cookie, self.web.session_ttl)
+        return response
+
+    async def review(self, request: Request) -> Response:
+        """A review email's link: never decides, only signs in (for that approval)."""
+        link = await self._review_link(request.query_params.get("token", ""))
+        page = f"/inbox/approvals/{quote(link.approval_id)}?action={link.action}"
+        response = RedirectResponse(page, status_code=303)
+        current = await self._current_session(request)
+        if (
+            current is not None
+            and current.only is None
+            and current.principal.lower() == link.principal.lower()
+        ):
+            return response  # the whole inbox already: not narrowed to one approval
+        # Never longer than the link itself works.
+        ttl = min(self.web.session_ttl, link.expires - int(self._clock()))
+        _, cookie = self.signer.new_session(link.principal, ttl, only=link.approval_id)
+        log.info("%s signed in by link for approval %s", link.principal, link.approval_id)
+        self._set_cookie(response, cookie, ttl)
         return response
 
     async def logout(self, request: Request) -> Response:
@@ -272,6 +298,7 @@ class WebInbox:
 
     async def inbox(self, request: Request) -> Response:
         session = await self._session(request)
+        _within(session, None)
         who = session.principal
         pending = []
         for record in await self.store.list(status="pending"):
@@ -299,12 +326,16 @@ class WebInbox:
 
     async def approval(self, request: Request) -> Response:
         session = await self._session(request)
+        _within(session, request.path_params["approval_id"])
         record = await self._visible(session.principal, request.path_params["approval_id"])
         confirming = request.query_params.get("confirm") == "approve"
-        return await self._approval_page(session, record, confirming=confirming)
+        asked = request.query_params.get("action")
+        chosen = next((action for action in ACTIONS if action == asked), None)
+        return await self._approval_page(session, record, confirming=confirming, chosen=chosen)
 
     async def decide(self, request: Request) -> Response:
         session = await self._session(request)
+        _within(session, request.path_params["approval_id"])
         form = await _form(request)
         self._check_csrf(session, form)
         who = session.principal
@@ -318,6 +349,8 @@ class WebInbox:
                 approval_id=record.approval_id,
             )
         evidence = {"session": _session_ref(session)}
+        if session.only is not None:
+            evidence["via"] = "email link"
         if action == "edit":
             _, actions = await self._actions(who, record)
             if actions["edit"] is not None:
@@ -423,7 +456,9 @@ class WebInbox:
         reason: str | None = None,
         problem: str | None = None,
         confirming: bool = False,
+        chosen: Action | None = None,
     ) -> Response:
+        """The approval's page; `chosen` (a review link's decision) picks its form out."""
         who = session.principal
         events = await self.store.events(record.approval_id)
         voted = [e for e in events if e.kind == "voted"]
@@ -464,6 +499,7 @@ class WebInbox:
             edited=_edited(record),
             destructive=self._destructive(record),
             confirming=confirming and actions.get("approve", "") is None,
+            chosen=chosen if chosen is not None and actions.get(chosen, "") is None else None,
             result=await self._result(record) if record.finished else None,
         )
 
@@ -637,10 +673,59 @@ class WebInbox:
             what = "Your session has ended." if exc.reason == "expired" else "You are signed out."
             raise PageError(401, "Please sign in", f"{what} {HOW_TO_SIGN_IN}") from None
         issued = None if session.issued_at is None else _moment(session.issued_at)
+        if await self._revoked(session.session_id, session.principal, issued):
+            raise PageError(401, "Please sign in", f"This session was ended. {HOW_TO_SIGN_IN}")
+        request.state.session = session  # for its error pages, without a second check
+        return session
+
+    async def _current_session(self, request: Request) -> Session | None:
+        """The request's session when it has a live one, else None. Raises `PageError` 503
+        when the store cannot tell."""
+        cookie = request.cookies.get(COOKIE)
+        if not cookie:
+            return None
         try:
-            ended = await self.sessions.session_revoked(
-                session.session_id, session.principal, issued
+            session = self.signer.session(cookie)
+        except TokenError:
+            return None
+        issued = None if session.issued_at is None else _moment(session.issued_at)
+        if await self._revoked(session.session_id, session.principal, issued):
+            return None
+        return session
+
+    async def _review_link(self, token: str) -> ReviewLink:
+        """The review link of `token`, once it is signed, unexpired and its reviewer's
+        sessions were not ended after it was made. Raises `PageError`."""
+        try:
+            link = self.signer.review_of(token)
+        except TokenError as exc:
+            what = (
+                "This review link has expired: the review is closed to email, or it was "
+                "sent too long ago."
+                if exc.reason == "expired"
+                else "This review link is not valid: it was changed, cut short, or made with "
+                "another secret."
             )
+            raise PageError(
+                403, "Review link not accepted", f"{what} Nothing was recorded. {HOW_TO_SIGN_IN}"
+            ) from None
+        # A link has no session of its own to end: only its reviewer's revocations apply,
+        # which end every link sent before them.
+        link_id = "review:" + hashlib.sha256(token.encode()).hexdigest()[:32]
+        if await self._revoked(link_id, link.principal, _moment(link.issued_at)):
+            raise PageError(
+                403,
+                "Review link not accepted",
+                f"The sessions of {link.principal} were ended after this link was sent, so it "
+                f"signs nobody in. Nothing was recorded. {HOW_TO_SIGN_IN}",
+            )
+        return link
+
+    async def _revoked(self, session_id: str, principal: str, issued: datetime | None) -> bool:
+        """Whether the store has the session ended. Raises `PageError` 503 when it cannot
+        tell (a session not checked is not trusted)."""
+        try:
+            return await self.sessions.session_revoked(session_id, principal, issued)
         except StoreError as exc:
             log.warning("sessions cannot be checked, so none is trusted: %s", exc)
             raise PageError(
@@ -649,10 +734,17 @@ class WebInbox:
                 "The inbox cannot check your session now (the approval store cannot be "
                 "used), so it shows nothing and records nothing. Try again shortly.",
             ) from None
-        if ended:
-            raise PageError(401, "Please sign in", f"This session was ended. {HOW_TO_SIGN_IN}")
-        request.state.session = session  # for its error pages, without a second check
-        return session
+
+    def _set_cookie(self, response: Response, cookie: str, ttl: int) -> None:
+        response.set_cookie(
+            COOKIE,
+            cookie,
+            max_age=ttl,
+            path="/inbox",
+            secure=self.secure,
+            httponly=True,
+            samesite="lax",
+        )
 
     def _check_csrf(self, session: Session, form: Mapping[str, str]) -> None:
         if not self.signer.check_csrf(session, form.get("csrf")):
@@ -668,6 +760,7 @@ class WebInbox:
     ) -> HTMLResponse:
         page = self.templates.get_template(template).render(
             principal=session.principal if session else None,
+            only=session.only if session else None,
             csrf=self.signer.csrf(session) if session else "",
             **context,
         )
@@ -729,6 +822,22 @@ class WebInbox:
 
 
 _NEW_LINK = "Ask whoever gave it to you for a new link."
+
+
+def _within(session: Session, approval_id: str | None) -> None:
+    """Refuse a session limited to one approval (a review link's) anything else: the inbox's
+    list (`approval_id` None) or another approval, whether it exists or not. Raises
+    `PageError` 403."""
+    if session.only is None or session.only == approval_id:
+        return
+    raise PageError(
+        403,
+        "This link is for one review",
+        f"This link signs you in for review {session.only} only; ask for a sign-in link for "
+        "the inbox (whoever runs nodbot makes one with nodbot inbox-link --config nodbot.yml "
+        "--reviewer <your id or email address>). Nothing was recorded.",
+        approval_id=session.only,
+    )
 
 
 def _not_found(approval_id: str) -> PageError:

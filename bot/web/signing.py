@@ -1,4 +1,5 @@
-"""Signed tokens of the web inbox: sign-in links, session cookies and form (CSRF) tokens.
+"""Signed tokens of the web inbox: sign-in links, review links, session cookies and form
+(CSRF) tokens.
 
 A token is `<payload>.<signature>`: the payload is base64url JSON (`{"p": principal,
 "exp": unix seconds, ...}`) and the signature HMAC-SHA256 over the token's purpose and the
@@ -7,6 +8,11 @@ also carries its id (`sid`) and when it was made (`iat`). Whoever holds the secr
 a token, which is why several bot replicas that share `web.secret` accept each other's links
 and sessions; what ends a session before its expiry (a sign-out, `nodbot sessions revoke`) is
 kept in the store instead, where every replica looks for it (`bot.web.app`).
+
+A review link (purpose `review`, in the review emails) names a reviewer (`p`), one approval
+(`a`), the decision its button offers (`act`: approve, edit or deny) and when it was made
+(`iat`); it expires when the email's reply token does. It signs its reviewer in for that
+approval only: the session it makes carries the approval id (`only`).
 """
 
 from __future__ import annotations
@@ -29,21 +35,28 @@ from nodbot.core import NodbotError
 
 __all__ = [
     "LOGIN_PATH",
+    "REVIEW_PATH",
+    "ReviewLink",
     "Session",
     "SignInLinkError",
     "Signer",
     "TokenError",
     "base_url",
     "link_for",
+    "review_link",
     "sign_in_link",
 ]
 
 LOGIN_PATH = "/inbox/login"
+REVIEW_PATH = "/inbox/review"
 
-Purpose = Literal["link", "session"]
+Purpose = Literal["link", "session", "review"]
+ReviewAction = Literal["approve", "edit", "deny"]
 
 _PRINCIPAL = re.compile(r"[A-Za-z0-9_.+@-]+")
 """The characters of a principal, as for API token names (bot.config)."""
+_APPROVAL_ID = re.compile(r"[A-Za-z0-9_-]{1,100}")
+_REVIEW_ACTIONS: tuple[ReviewAction, ...] = ("approve", "edit", "deny")
 
 
 class SignInLinkError(NodbotError):
@@ -73,6 +86,21 @@ class Session:
     """When it was made (unix seconds), so that revoking every session of a principal made
     until now leaves the later ones; None in cookies made before sessions carried it, which
     every such revocation ends."""
+    only: str | None = None
+    """The one approval this session may see and decide (a review link's), None for the whole
+    inbox."""
+
+
+@dataclass(frozen=True)
+class ReviewLink:
+    """What a review link says: who it signs in, for which approval, the decision it offers,
+    when it was made and until when it works (unix seconds)."""
+
+    principal: str
+    approval_id: str
+    action: ReviewAction
+    issued_at: float
+    expires: int
 
 
 def _b64(data: bytes) -> str:
@@ -97,7 +125,11 @@ class Signer:
 
     def sign(self, purpose: Purpose, claims: dict[str, Any], ttl: int) -> str:
         """A token of `purpose` carrying `claims`, valid for `ttl` seconds from now."""
-        body = {**claims, "exp": int(self._clock()) + ttl}
+        return self.sign_until(purpose, claims, int(self._clock()) + ttl)
+
+    def sign_until(self, purpose: Purpose, claims: dict[str, Any], expires: int) -> str:
+        """A token of `purpose` carrying `claims`, valid until `expires` (unix seconds)."""
+        body = {**claims, "exp": expires}
         payload = _b64(json.dumps(body, separators=(",", ":"), sort_keys=True).encode())
         return f"{payload}.{self._mac(purpose, payload)}"
 
@@ -130,25 +162,57 @@ class Signer:
             raise TokenError("invalid")
         return principal
 
-    def new_session(self, principal: str, ttl: int) -> tuple[Session, str]:
-        """A new session for `principal` and its cookie value."""
+    def review_token(
+        self, principal: str, approval_id: str, action: ReviewAction, *, expires: int
+    ) -> str:
+        """The token of a review link: `principal` may see and decide `approval_id` (the
+        link offers `action`) until `expires` (unix seconds)."""
+        claims = {"p": principal, "a": approval_id, "act": action, "iat": round(self._clock(), 6)}
+        return self.sign_until("review", claims, expires)
+
+    def review_of(self, token: str) -> ReviewLink:
+        """What a review link's token says. Raises `TokenError`."""
+        claims = self.verify("review", token)
+        principal, approval_id = claims.get("p"), claims.get("a")
+        action, issued = claims.get("act"), claims.get("iat")
+        if not isinstance(principal, str) or not _PRINCIPAL.fullmatch(principal):
+            raise TokenError("invalid")
+        if not isinstance(approval_id, str) or not _APPROVAL_ID.fullmatch(approval_id):
+            raise TokenError("invalid")
+        if isinstance(issued, bool) or not isinstance(issued, int | float):
+            raise TokenError("invalid")
+        for known in _REVIEW_ACTIONS:
+            if action == known:
+                return ReviewLink(principal, approval_id, known, float(issued), claims["exp"])
+        raise TokenError("invalid")
+
+    def new_session(
+        self, principal: str, ttl: int, *, only: str | None = None
+    ) -> tuple[Session, str]:
+        """A new session for `principal` and its cookie value; `only` limits it to one
+        approval."""
         session_id = secrets.token_urlsafe(16)
         # Microseconds: a session made just after a revocation of its principal is not
         # taken for one made before it.
         issued = round(self._clock(), 6)
-        cookie = self.sign("session", {"p": principal, "sid": session_id, "iat": issued}, ttl)
+        claims: dict[str, Any] = {"p": principal, "sid": session_id, "iat": issued}
+        if only is not None:
+            claims["only"] = only
+        cookie = self.sign("session", claims, ttl)
         return self.session(cookie), cookie
 
     def session(self, cookie: str) -> Session:
         """The session of a cookie value. Raises `TokenError`."""
         claims = self.verify("session", cookie)
         principal, session_id = claims.get("p"), claims.get("sid")
-        issued = claims.get("iat")
+        issued, only = claims.get("iat"), claims.get("only")
         if not isinstance(principal, str) or not isinstance(session_id, str):
             raise TokenError("invalid")
         if issued is not None and (isinstance(issued, bool) or not isinstance(issued, int | float)):
             raise TokenError("invalid")
-        return Session(principal, session_id, claims["exp"], issued)
+        if only is not None and not isinstance(only, str):
+            raise TokenError("invalid")
+        return Session(principal, session_id, claims["exp"], issued, only)
 
     def csrf(self, session: Session) -> str:
         """The form token of a session: every form of the session carries it."""
@@ -187,6 +251,25 @@ def link_for(signer: Signer, web: WebConfig, principal: str, base: str) -> str:
     _check_principal(principal)
     token = signer.link_token(principal, web.link_ttl)
     return f"{web.public_url or base}{LOGIN_PATH}?{urlencode({'token': token})}"
+
+
+def review_link(
+    signer: Signer,
+    base: str,
+    principal: str,
+    approval_id: str,
+    action: ReviewAction,
+    *,
+    expires: int,
+) -> str:
+    """A review link at `base` (the inbox's address): it signs `principal` in for
+    `approval_id` only, offering `action`, until `expires` (unix seconds). Raises
+    `SignInLinkError` for a malformed principal or approval id."""
+    _check_principal(principal)
+    if not _APPROVAL_ID.fullmatch(approval_id):
+        raise SignInLinkError(f"not an approval id: {approval_id!r}")
+    token = signer.review_token(principal, approval_id, action, expires=expires)
+    return f"{base.rstrip('/')}{REVIEW_PATH}?{urlencode({'token': token})}"
 
 
 def sign_in_link(

@@ -14,7 +14,13 @@ from pathlib import Path
 
 import pytest
 
-from nodbot.bot.config import Config, load_config, trust_warnings, undecidable_warning
+from nodbot.bot.config import (
+    Config,
+    load_config,
+    trust_warnings,
+    undecidable_warning,
+    unread_replies_warning,
+)
 from nodbot.bot.serve import serving
 from tests.bot.test_cli import nodbot
 
@@ -346,6 +352,7 @@ async def test_serve_logs_the_warnings_at_start(
         f"{path}:12: web.secret: a secret written",
         f"{path}:22: audit.key: a weak secret",
         f"{path}:22: audit.key: the same secret",
+        f"{path}:23: email: no email reply",  # its email: section trusts no server
     ]
     for secret in ("Ws4Ex8Rc2Tv6Yb0Un3Im7Ok1Pl5Az9Sx", "short-token-of-ana-00"):
         assert secret not in caplog.text
@@ -371,3 +378,21 @@ def test_serve_warns_when_nobody_can_decide_a_review() -> None:
     token = {"name": "lead", "token": "t" * 40, "scopes": ["approvals:decide"]}
     with_token = Config.model_validate({"rules": [rule], "api": {"tokens": [token]}})
     assert undecidable_warning(with_token) is None
+
+
+def test_serve_warns_when_no_email_reply_can_decide() -> None:
+    email = {
+        "from": "nodbot@example.com",
+        "reply_to": "approvals@example.com",
+        "smtp": {"host": "127.0.0.1", "tls": "none"},
+    }
+    web = {"secret": "s" * 40}
+    unbelieved = Config.model_validate({"web": web, "email": email})
+    warning = unread_replies_warning(unbelieved)
+    assert warning is not None and "no email reply can decide" in warning
+    assert "trusted_authserv_id" in warning
+    trusted = {**email, "trusted_authserv_id": "mx.example.com"}
+    assert unread_replies_warning(Config.model_validate({"web": web, "email": trusted})) is None
+    believed = {**email, "require_authenticated_sender": False}
+    assert unread_replies_warning(Config.model_validate({"web": web, "email": believed})) is None
+    assert unread_replies_warning(Config.model_validate({})) is None

@@ -6,9 +6,11 @@ nothing."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from email import message_from_bytes, policy
 from email.message import EmailMessage
 from email.policy import SMTP
 from email.utils import make_msgid
@@ -19,8 +21,8 @@ import httpx
 import pytest
 
 from nodbot.bot.http.limits import EMAIL_BODY
-from nodbot.bot.serve import Served, serving
-from tests.bot.test_email_outbound import MailServer, mail_server
+from nodbot.bot.serve import Served
+from tests.bot.test_email_outbound import MailServer, emailing
 
 ROOT = Path(__file__).resolve().parents[2]
 WEB_SECRET = "web-secret-for-email-tests-0001"
@@ -84,21 +86,26 @@ class Bot:
         return found
 
 
+@contextlib.asynccontextmanager
+async def email_bot(tmp_path: Path, email_extra: str = "") -> AsyncIterator[Bot]:
+    """The bot of `CONFIG` emailing a real SMTP server, with `email_extra` (YAML lines of
+    the `email:` section, indented two spaces) added."""
+
+    def config(port: int) -> str:
+        text = CONFIG.format(
+            db=tmp_path / "nodbot.db", web_secret=WEB_SECRET, port=port, trusted=TRUSTED
+        )
+        return text + email_extra
+
+    async with emailing(tmp_path, config) as (served, client, mail):
+        yield Bot(served, client, mail)
+
+
 @pytest.fixture
 async def bot(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[Bot]:
     monkeypatch.chdir(ROOT)
-    async with mail_server() as mail:
-        path = tmp_path / "nodbot.yml"
-        path.write_text(
-            CONFIG.format(
-                db=tmp_path / "nodbot.db", web_secret=WEB_SECRET, port=mail.port, trusted=TRUSTED
-            )
-        )
-        async with (
-            serving(str(path)) as served,
-            httpx.AsyncClient(base_url=served.url, timeout=30) as client,
-        ):
-            yield Bot(served, client, mail)
+    async with email_bot(tmp_path) as running:
+        yield running
 
 
 def reply(
@@ -224,3 +231,81 @@ async def test_the_openapi_document_describes_the_email_door(bot: Bot) -> None:
     outcome = operation["responses"]["202"]["content"]["application/json"]["schema"]
     assert outcome["properties"]["status"] == {"enum": ["decided", "refused", "dropped"]}
     assert {"401", "403", "413", "415"} <= set(operation["responses"])
+
+
+# --- the bot's answers ------------------------------------------------------------------------
+
+
+async def answer_to(bot: Bot, raw: bytes, address: str) -> EmailMessage:
+    """The bot's answer to the reply `raw`, once the mail server has it."""
+    their_id = str(message_from_bytes(raw, policy=policy.default)["Message-ID"])
+
+    def answers() -> list[EmailMessage]:
+        return [
+            r.message
+            for r in bot.mail.received
+            if r.recipients == [address] and r.message["In-Reply-To"] == their_id
+        ]
+
+    await bot.mail.wait_for(lambda: bool(answers()))
+    [answer] = answers()
+    return answer
+
+
+async def test_a_deciding_reply_is_answered_in_its_thread(bot: Bot) -> None:
+    approval_id, emailed = await bot.pending()
+    request = emailed["ana@example.com"]
+    raw = reply(request, sender="ana@example.com", text="deny wrong recipient")
+    answer = await bot.post(raw)
+    assert answer.json()["status"] == "decided" and answer.json()["answered"] is True
+    sent = await answer_to(bot, raw, "ana@example.com")
+    assert sent["Auto-Submitted"] == "auto-replied"
+    assert sent["Reply-To"] == request["Reply-To"]  # replying to the answer works too
+    assert sent["Subject"] == f"Re: {request['Subject']}"
+    their_id = str(message_from_bytes(raw, policy=policy.default)["Message-ID"])
+    assert str(sent["References"]).split() == [str(request["Message-ID"]).strip(), their_id]
+    body = sent.get_content()
+    assert f"Your reply denied the call of send_note (review {approval_id})" in body
+
+
+async def test_a_reply_that_decides_nothing_is_told_why_and_how(bot: Bot) -> None:
+    approval_id, emailed = await bot.pending()
+    raw = reply(emailed["bo@example.com"], sender="bo@example.com", text="looks fine to me")
+    answer = await bot.post(raw)
+    assert answer.json()["status"] == "refused" and answer.json()["answered"] is True
+    body = (await answer_to(bot, raw, "bo@example.com")).get_content()
+    assert "Your reply decided nothing" in body and "not a decision" in body
+    assert "  approve\r\n" in body and "  deny <reason>" in body
+    assert (await bot.approval(approval_id))["status"] == "pending"
+
+
+async def test_a_reply_after_the_decision_is_told_who_decided(bot: Bot) -> None:
+    _approval_id, emailed = await bot.pending()
+    await bot.post(reply(emailed["ana@example.com"], sender="ana@example.com"))
+    late = reply(emailed["bo@example.com"], sender="bo@example.com", text="deny no")
+    answer = await bot.post(late)
+    assert answer.json()["status"] == "refused" and answer.json()["answered"] is True
+    body = (await answer_to(bot, late, "bo@example.com")).get_content()
+    assert "already decided by ana@example.com" in body and "Nothing more is needed" in body
+
+
+async def test_strangers_and_automatic_messages_get_no_answer(bot: Bot) -> None:
+    _approval_id, emailed = await bot.pending()
+    request = emailed["ana@example.com"]
+    unanswered = [
+        reply(request, sender="mallory@evil.example"),  # not the token's reviewer
+        reply(request, sender="bo@example.com"),  # a reviewer, with another's token
+        reply(request, sender="ana@example.com", subject="Automatic reply: away"),
+    ]
+    unauthenticated = reply(request, sender="ana@example.com")
+    unanswered.append(unauthenticated.replace(f"{TRUSTED};".encode(), b"mx.evil.example;"))
+    for raw in unanswered:
+        outcome = (await bot.post(raw)).json()
+        assert outcome["answered"] is False, outcome
+    # The same genuine message twice: answered once, the repeat is not.
+    genuine = reply(request, sender="ana@example.com", text="hmm")
+    assert (await bot.post(genuine)).json()["answered"] is True
+    assert (await bot.post(genuine)).json()["answered"] is False
+    await answer_to(bot, genuine, "ana@example.com")
+    answered = [r for r in bot.mail.received if r.message["Auto-Submitted"] == "auto-replied"]
+    assert len(answered) == 1

@@ -192,19 +192,31 @@ class Bot:
                 await asyncio.sleep(0.05)  # polling the store, for an outcome with a deadline
 
 
-@pytest.fixture
-async def bot(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[Bot]:
-    monkeypatch.chdir(ROOT)
+@contextlib.asynccontextmanager
+async def emailing(
+    tmp_path: Path, config: Callable[[int], str]
+) -> AsyncIterator[tuple[Served, httpx.AsyncClient, MailServer]]:
+    """A bot served in-process from the file `config(port of the SMTP server)` writes,
+    emailing a real SMTP server, and a client of its API."""
     async with mail_server() as mail:
         path = tmp_path / "nodbot.yml"
-        path.write_text(
-            CONFIG.format(db=tmp_path / "nodbot.db", web_secret=WEB_SECRET, port=mail.port)
-        )
+        path.write_text(config(mail.port))
         async with (
             serving(str(path)) as served,
             httpx.AsyncClient(base_url=served.url, timeout=30) as client,
         ):
-            yield Bot(served, client, mail)
+            yield served, client, mail
+
+
+@pytest.fixture
+async def bot(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[Bot]:
+    monkeypatch.chdir(ROOT)
+
+    def config(port: int) -> str:
+        return CONFIG.format(db=tmp_path / "nodbot.db", web_secret=WEB_SECRET, port=port)
+
+    async with emailing(tmp_path, config) as (served, client, mail):
+        yield Bot(served, client, mail)
 
 
 def parts(message: EmailMessage) -> tuple[str, str]:
@@ -459,7 +471,7 @@ def test_the_email_section_is_checked(tmp_path: Path, replace: str, by: str, exp
     assert len(found) == 1 and expected in found[0], found
 
 
-def test_the_coming_inbound_keys_are_checked_already(tmp_path: Path) -> None:
+def test_the_inbound_keys_are_checked(tmp_path: Path) -> None:
     inbound = (
         "\n  inbound:\n    listen: 127.0.0.1:2525\n    protocol: lmtp\n"
         "    imap: {host: imap.example.com, tls: tls, username: bot, password: pw}\n"
@@ -470,5 +482,8 @@ def test_the_coming_inbound_keys_are_checked_already(tmp_path: Path) -> None:
     email = load_config(path).email
     assert email is not None and email.inbound is not None and email.inbound.imap is not None
     assert (email.inbound.protocol, email.inbound.imap.mailbox) == ("lmtp", "INBOX")
+    assert (email.inbound.imap.port, email.inbound.imap.poll) == (None, 30)
     found = problems(tmp_path, EMAIL + inbound.replace("127.0.0.1:2525", "localhost"))
     assert len(found) == 1 and "email.inbound.listen: expected host:port" in found[0]
+    found = problems(tmp_path, EMAIL + inbound.replace("tls: tls", "tls: starttls"))
+    assert len(found) == 1 and "email.inbound.imap.tls: IMAP is read over tls" in found[0]
