@@ -2,15 +2,21 @@
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import subprocess
 import sys
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from email import message_from_bytes, policy
 from pathlib import Path
 
 import httpx
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
+DEMO = [sys.executable, str(ROOT / "examples" / "bot_demo.py")]
+REVIEWER = "demo-lead@example.com"
 SEED = ROOT.parent / "shared" / "seeds" / "003_2bea4f8f8fc09860.txt"
 
 # The Output block of the "Human in the loop" document (003), byte for byte.
@@ -75,7 +81,7 @@ def test_the_bot_demo_pauses_the_refund_and_finishes_after_the_decision(
     answer: str, expected: str
 ) -> None:
     completed = subprocess.run(
-        [sys.executable, str(ROOT / "examples" / "bot_demo.py"), "--auto", answer, "--port", "0"],
+        [*DEMO, "--auto", answer, "--port", "0"],
         capture_output=True,
         check=True,
         cwd=ROOT,
@@ -86,32 +92,69 @@ def test_the_bot_demo_pauses_the_refund_and_finishes_after_the_decision(
     assert lines[0].startswith("nodbot is serving http://127.0.0.1:")
     assert lines[1].endswith("asks: refund {'amount': 120.0, 'order_id': 'A-1001'}")
     assert any(line.startswith(expected) for line in lines), completed.stdout
+    # Decided over the HTTP API, though the review was emailed too.
+    assert any(line.startswith(f"Decided by {REVIEWER} (channel api): ") for line in lines)
     assert lines[-2].split(": ", 1)[0].endswith("finished")
     assert lines[-1].startswith("nodbot stopped")
 
 
-def test_the_bot_demo_keeps_serving_until_ctrl_c_and_says_it_stopped() -> None:
-    command = [sys.executable, str(ROOT / "examples" / "bot_demo.py"), "--auto", "approve"]
-    demo = subprocess.Popen(
-        [*command, "--port", "0", "--keep-serving"],
+@dataclass
+class Demo:
+    """What the demo printed until it kept serving, and after Ctrl-C."""
+
+    lines: list[str] = field(default_factory=list)
+    url: str = ""
+    rest: str = ""
+    returncode: int | None = None
+
+
+@contextlib.contextmanager
+def demo_serving(answer: str) -> Iterator[Demo]:
+    """The demo with `--auto answer --keep-serving`, once it says it keeps serving; after the
+    block it gets Ctrl-C (SIGINT) and the demo's last output and exit status are read."""
+    process = subprocess.Popen(
+        [*DEMO, "--auto", answer, "--port", "0", "--keep-serving"],
         cwd=ROOT,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
     )
+    demo = Demo()
     try:
-        assert demo.stdout is not None
-        lines = []
-        while not (line := demo.stdout.readline()).startswith("nodbot keeps serving"):
-            assert line, f"the demo ended: {''.join(lines)}{demo.communicate()[1]}"
-            lines.append(line)
-        url = line.split()[3]
-        assert httpx.get(f"{url}/healthz", timeout=10).status_code == 200  # still serving
-        demo.send_signal(signal.SIGINT)
-        rest, _ = demo.communicate(timeout=30)
+        assert process.stdout is not None
+        while not (line := process.stdout.readline()).startswith("nodbot keeps serving"):
+            assert line, f"the demo ended: {''.join(demo.lines)}{process.communicate()[1]}"
+            demo.lines.append(line.rstrip("\n"))
+        demo.url = line.split()[3]
+        yield demo
+        process.send_signal(signal.SIGINT)
+        demo.rest, _ = process.communicate(timeout=30)
+        demo.returncode = process.returncode
     finally:
-        if demo.poll() is None:
-            demo.kill()
-            demo.communicate()
-    assert rest.splitlines()[-1].startswith("nodbot stopped"), rest
+        if process.poll() is None:
+            process.kill()
+            process.communicate()
+
+
+def test_the_bot_demo_keeps_serving_until_ctrl_c_and_says_it_stopped() -> None:
+    with demo_serving("approve") as demo:
+        assert httpx.get(f"{demo.url}/healthz", timeout=10).status_code == 200  # still serving
+    assert demo.rest.splitlines()[-1].startswith("nodbot stopped"), demo.rest
+    assert demo.returncode == 0
+
+
+def test_the_bot_demo_emails_the_review_and_approves_it_by_reply() -> None:
+    with demo_serving("email") as demo:
+        printed = "\n".join(demo.lines)
+        arrived = f"The review's email to {REVIEWER} arrived: cat "
+        [path] = [Path(line[len(arrived) :]) for line in demo.lines if line.startswith(arrived)]
+        # Read while the demo serves: its folder goes when it stops.
+        message = message_from_bytes(path.read_bytes(), policy=policy.default)
+        assert message["To"] == REVIEWER
+        assert "refund" in message["Subject"], message["Subject"]
+    assert f"Decided by {REVIEWER} (channel email): approved" in demo.lines, printed
+    ran = "The refund ran with {'order_id': 'A-1001', 'amount': 120.0}: "
+    assert any(line.startswith(ran) for line in demo.lines), printed
+    assert demo.lines[-1].split(": ", 1)[0].endswith("finished"), printed
+    assert demo.rest.splitlines()[-1].startswith("nodbot stopped"), demo.rest
     assert demo.returncode == 0
