@@ -52,6 +52,7 @@ bench: $(VENV)/.bench-installed
 	$(BIN)/python bench/list_pending.py
 	$(BIN)/python bench/bot.py
 	$(BIN)/python bench/slack.py
+	$(BIN)/python bench/email.py
 
 clean:
 	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache

@@ -30,6 +30,14 @@ def test_the_slack_benchmark_runs_and_reports_every_figure() -> None:
         assert figure in done.stdout, done.stdout
 
 
+def test_the_email_benchmark_runs_and_reports_every_figure() -> None:
+    command = [sys.executable, "bench/email.py", "--runs", "3", "--emails", "10", "--rounds", "1"]
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    for figure in ("reply -> tool run p99 =", "the floor's transaction", "review emails sent ="):
+        assert figure in done.stdout, done.stdout
+
+
 def test_the_repeat_under_load_script_counts_runs_and_stops_at_a_failure(tmp_path: Path) -> None:
     passing = tmp_path / "test_passes.py"
     passing.write_text("def test_it() -> None:\n    assert True\n")
