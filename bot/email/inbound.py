@@ -2,7 +2,8 @@
 one step behind every door (the HTTP endpoint today; the listener and IMAP later).
 
 In order, stopping at the first refusal: automatic messages and bounces are dropped unread
-(`reading.screen`: answering them could loop, and they carry no decision); the reply token is
+(`reading.screen`: answering them could loop, and they carry no decision), with an event on
+the review their token names, if any; the reply token is
 found in the plus part of the To/Delivered-To address of `reply_to`, else in the Message-IDs of
 In-Reply-To/References (clients that drop the plus part still thread); a Message-ID seen
 before on the review decides nothing again; the sender (`reading.sender`) must be the token's
@@ -131,20 +132,23 @@ class Inbound:
         assert isinstance(parsed, EmailMessage)  # policy.default makes EmailMessages
         message_id = _one_line(parsed.get("Message-ID"))
         automatic = screen(parsed)
-        if automatic is not None:
-            return Outcome("dropped", automatic, message_id=message_id)
         token = self._token(parsed, recipients)
         if token is None:
-            return Outcome(
-                "dropped", "no reply token in its addresses or Message-IDs", message_id=message_id
-            )
+            why = automatic or "no reply token in its addresses or Message-IDs"
+            return Outcome("dropped", why, message_id=message_id)
         try:
             approval_id = self.tokens.approval_of(token)
             record = await self.store.get(approval_id)
         except (InvalidToken, ApprovalNotFound):
-            return Outcome("dropped", "its reply token names no review", message_id=message_id)
+            why = automatic or "its reply token names no review"
+            return Outcome("dropped", why, message_id=message_id)
         claimed = _bare_from(parsed)
         refuse = _Refuser(self.store, record, message_id, claimed)
+        if automatic is not None:
+            # Read no further and never answered (an answer could loop), but recorded on the
+            # review it names: "the reviewer replied" can be checked against the events.
+            await refuse(f"an automatic message decides nothing: {automatic}")
+            return Outcome("dropped", automatic, approval_id, message_id)
         outcome = await self._read(parsed, token, record, refuse)
         if self.answers is not None and refuse.verified:
             answer = self.answers.compose(

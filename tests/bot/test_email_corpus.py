@@ -3,9 +3,9 @@ of `send_payment` is opened, the file's placeholder token (`t8Kq2mZx`) is replac
 token the bot emailed its reviewer, and the message is POSTed to `/email/inbound` of a bot
 served in-process. Each genuine reply decides exactly as its reviewer wrote (edits typed as
 the tool says); each forged, automatic or ambiguous one decides nothing, and those that name
-the review leave a `refused` event saying why. Then the cases that need a live review: a
-replayed Message-ID, a reply after the decision, another reviewer's token, an expired
-token and an edit with a value of the wrong type."""
+the review leave a `refused` event saying why (automatic ones too, dropped unread). Then
+the cases that need a live review: a replayed Message-ID, a reply after the decision,
+another reviewer's token, an expired token and an edit with a value of the wrong type."""
 
 from __future__ import annotations
 
@@ -163,14 +163,18 @@ async def test_the_corpus_through_the_door(bot: Bot, name: str) -> None:
         return
     assert approval["status"] == "pending" and approval["decision"] is None
     stage = EXPECTED[name][0]  # type: ignore[index]
+    [event] = refused
+    assert event["channel"] == "email"
     if stage == "screened":
-        # Automatic: dropped unread, nothing recorded, nothing answered.
+        # Automatic: dropped unread and never answered, but recorded on the review it names.
         assert outcome["status"] == "dropped" and outcome["answered"] is False
-        assert refused == []
+        assert (
+            event["detail"]["reason"]
+            == f"an automatic message decides nothing: {outcome['reason']}"
+        )
         return
     assert outcome["status"] == "refused", outcome
-    [event] = refused
-    assert event["channel"] == "email" and event["detail"]["reason"] == outcome["reason"]
+    assert event["detail"]["reason"] == outcome["reason"]
     message_id = str(message_from_bytes(raw, policy=policy.default)["Message-ID"]).strip()
     assert event["detail"]["evidence"] == {"message_id": message_id}
     # Forged senders get no answer; the reviewer's own unclear reply is told why.
