@@ -76,42 +76,51 @@ class RulesPort(DeferredApproval):
         self.registry = registry
 
     async def request(self, request: ApprovalRequest) -> PortAnswer:
+        ruled = await self.rule(request)
+        if isinstance(ruled, Decision):
+            return Decided(ruled)
+        return await super().request(ruled)
+
+    async def rule(self, request: ApprovalRequest) -> Decision | ApprovalRequest:
+        """What the rules make of a call: a decision at once, or the request as it is to
+        wait for review (with its rule's policy, deadline and approvals required)."""
         for index, rule in enumerate(self.config.rules):
             if not rule.covers(request.tool, request.arguments):
                 continue
             by = f"nodbot:rules.{index}"
             if rule.decision == "approve":
-                return Decided(Decision(approved=True, reason=rule.description, decided_by=by))
+                return Decision(approved=True, reason=rule.description, decided_by=by)
             if rule.decision == "deny":
                 reason = rule.description or f"denied by rule {index} of the configuration"
-                return Decided(Decision(approved=False, reason=reason, decided_by=by))
-            return await self._review(request, index, rule)
+                return Decision(approved=False, reason=reason, decided_by=by)
+            return self._review(request, index, rule)
         asks = await self._asks_for_review(request)
         if asks is None:
-            return Decided(Decision(approved=True, decided_by=NO_RULE))
+            return Decision(approved=True, decided_by=NO_RULE)
         if self.config.defaults is not None:
-            return await self._review(request, "defaults", self.config.defaults)
+            return self._review(request, "defaults", self.config.defaults)
         file = self.config.source_file or "the configuration"
         reason = (
             f"{request.tool} asks for review ({asks}) and no rule of {file} covers it: "
             f"add a rule for {request.tool} or a defaults: section"
         )
-        return Decided(Decision(approved=False, reason=reason, decided_by=NO_RULE))
+        return Decision(approved=False, reason=reason, decided_by=NO_RULE)
 
-    async def _review(
+    def _review(
         self, request: ApprovalRequest, index: int | str, rule: ReviewPolicy
-    ) -> PortAnswer:
-        """The call waits in the store under `rule` (a rule of the file, or the defaults)."""
+    ) -> ApprovalRequest:
+        """The call as it waits in the store under `rule` (a rule of the file, or the
+        defaults)."""
         request = replace(
             request,
-            policy=self._policy(index, rule),
+            policy={**request.policy, **self._policy(index, rule)},
             approvals_required=rule.approvals_required,
         )
         if rule.timeout is not None:
             # Only a new review takes this deadline: an existing one keeps its own.
             deadline = self._clock() + timedelta(seconds=rule.timeout)
             request = replace(request, deadline=deadline, on_timeout=rule.timeout_decision)
-        return await super().request(request)
+        return request
 
     async def _asks_for_review(self, request: ApprovalRequest) -> str | None:
         """Why the call's tool asks for review (its `confirm`), or None when it does not.

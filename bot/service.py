@@ -137,6 +137,7 @@ class BotService:
             name: rules_executor(agent.tools, config, store) for name, agent in agents.items()
         }
         self._wake = asyncio.Event()
+        self._decisions = asyncio.Event()
         # One event per run someone waits on (GET /runs/{id}?wait): a change wakes only the
         # waiters of that run. Weak: an event nobody waits on any more goes away.
         self._changes: weakref.WeakValueDictionary[str, asyncio.Event] = (
@@ -195,14 +196,26 @@ class BotService:
             event.set()
 
     def decided(self) -> None:
-        """Tell the workers a decision was recorded here: a run may be ready now."""
+        """Tell the workers a decision was recorded here: a run may be ready now. Whoever
+        waits on `decisions` is woken too."""
         self._wake.set()
+        self._decided()
+
+    def _decided(self) -> None:
+        self._decisions.set()
+        self._decisions = asyncio.Event()
+
+    def decisions(self) -> asyncio.Event:
+        """An event set at the next decision recorded by this process (`GET
+        /approvals/{id}?wait`); take it before reading the store, so none is missed."""
+        return self._decisions
 
     async def step(self) -> int:
         """Time out overdue reviews, continue every run that is ready, then announce and
         deliver what the outbox holds; how many runs were continued."""
         if await self.store.expire_due():
             log.info("reviews timed out")
+            self._decided()
         advanced = await self._again()
         unavailable: StoreError | None = None
         while claimed := await self.store.claim_ready(

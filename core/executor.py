@@ -22,12 +22,14 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
+from nodbot.core.arguments_schema import schema_errors
 from nodbot.core.calls import ToolCall, ToolContext, ToolError, ToolResult, new_id
 from nodbot.core.decisions import as_decision, merge_edit
 from nodbot.core.errors import (
     ApprovalDenied,
     ApprovalPending,
     ConfigurationError,
+    InvalidArgumentsError,
     NodbotError,
     StoreError,
     ToolExecutionError,
@@ -113,11 +115,12 @@ class Executor:
         `person` is who the reviewer's handle resolved to (votes are distinct by it) and
         `evidence` what the channel knows of the act; both go into the audit log.
 
-        An edit is merged and validated with the tool's model first; an invalid one raises
-        `InvalidArgumentsError` and nothing is recorded. Raises `ApprovalNotFound`,
-        `ApprovalAlreadyDecided`, `ApprovalAlreadyVoted`, `InvalidDecisionError` (also for a
-        vote without `decided_by`), and `ConfigurationError` when the executor has no
-        `DeferredApproval` port.
+        An edit is merged and validated with the tool's model first (for a tool of another
+        process, with the JSON schema its caller kept with the review, `policy["schema"]`);
+        an invalid one raises `InvalidArgumentsError` and nothing is recorded. Raises
+        `ApprovalNotFound`, `ApprovalAlreadyDecided`, `ApprovalAlreadyVoted`,
+        `InvalidDecisionError` (also for a vote without `decided_by`), and
+        `ConfigurationError` when the executor has no `DeferredApproval` port.
         """
         if not isinstance(self.approval, DeferredApproval):
             raise ConfigurationError("decide() needs an executor with a DeferredApproval port")
@@ -125,9 +128,15 @@ class Executor:
         decision = as_decision(answer, decided_by=decided_by)
         if decision.edited_args is not None:
             record = await store.get(approval_id)
-            tool = self.registry.get(record.request.tool)
             merged = merge_edit(record.request.arguments, decision.edited_args)
-            tool.validate(merged, source="edited arguments")
+            name, schema = record.request.tool, record.request.policy.get("schema")
+            if name not in self.registry and isinstance(schema, dict):
+                # A tool that runs elsewhere: its caller's schema of the arguments.
+                errors = schema_errors(schema, merged)
+                if errors:
+                    raise InvalidArgumentsError(tool=name, errors=errors, source="edited arguments")
+            else:
+                self.registry.get(name).validate(merged, source="edited arguments")
         record = await store.vote(
             approval_id, decision, channel=channel, person=person, evidence=evidence
         )

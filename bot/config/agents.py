@@ -76,8 +76,8 @@ def report_agents(config: Config) -> AgentReport:
 def _rule_problems(config: Config, agents: Mapping[str, Agent]) -> list[str]:
     problems: list[str] = []
     for number, rule in enumerate(config.rules):
-        if rule.tool == "*":
-            continue
+        if rule.tool == "*" or rule.tool in config.external_tools:
+            continue  # external: its arguments are not known here
         holders = {name: agent for name, agent in agents.items() if rule.tool in agent.tools}
         if not holders:
             registered = sorted({tool.name for agent in agents.values() for tool in agent.tools})

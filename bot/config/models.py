@@ -95,12 +95,19 @@ class LogConfig(ConfigModel):
 
 
 ApiScope: TypeAlias = Literal[
-    "approvals:read", "approvals:decide", "runs:write", "runs:write-as", "email:ingest"
+    "approvals:read",
+    "approvals:decide",
+    "approvals:request",
+    "runs:write",
+    "runs:write-as",
+    "email:ingest",
 ]
-"""What an API token may do: read approvals, decide them, start runs (requested by the token's
-name), start runs requested by someone else (`requested_by`: for a front end that starts runs
-for its users; such a token may deny calls but never approve or edit them), and hand reply
-emails to `POST /email/inbound` (`email:ingest`, for mail providers' inbound webhooks)."""
+"""What an API token may do: read approvals, decide them, ask for them (`POST /approvals`,
+for agents that run their tools themselves: read and take their decisions too), start runs
+(requested by the token's name), start runs requested by someone else (`requested_by`: for a
+front end that starts runs for its users; such a token may deny calls but never approve or
+edit them), and hand reply emails to `POST /email/inbound` (`email:ingest`, for mail
+providers' inbound webhooks)."""
 
 _MIN_TOKEN_LENGTH = 16
 
@@ -142,8 +149,8 @@ class ApiToken(ConfigModel):
     def _scopes(cls, value: list[ApiScope]) -> list[ApiScope]:
         if not value:
             raise problem(
-                "expected at least one of approvals:read, approvals:decide, runs:write, "
-                "runs:write-as, email:ingest"
+                "expected at least one of approvals:read, approvals:decide, "
+                "approvals:request, runs:write, runs:write-as, email:ingest"
             )
         if len(set(value)) != len(value):
             raise problem(f"each scope may be listed once, not {value}")
@@ -674,6 +681,11 @@ class Config(ConfigModel):
     agents: dict[Name, ImportPath] = Field(default_factory=dict)
     """Agent name -> `package.module:attribute` of a `core.Agent` or of a zero-argument
     callable returning one."""
+    external_tools: list[Name] = Field(default_factory=list)
+    """Tools that programs outside the bot run themselves and ask about (`POST /approvals`,
+    the client, the bridges, the MCP gateway): rules may name them though no agent of the
+    bot registers them. A call of a tool no rule covers is reviewed under `defaults:`, or
+    denied without them."""
     reviewer_groups: dict[Name, list[ReviewerEntry]] = Field(default_factory=dict)
     """Group name -> reviewers (not other groups); rules name a group as group:<name>."""
     people: dict[Name, list[Principal]] = Field(default_factory=dict)

@@ -43,6 +43,7 @@ from nodbot.bot.http.email import email_routes
 from nodbot.bot.http.limits import BodyLimit, SlackSignature
 from nodbot.bot.http.metrics import metrics_endpoint
 from nodbot.bot.http.openapi import openapi_document
+from nodbot.bot.http.requests import WaitQuery, request_routes, wait_for_decision
 from nodbot.bot.http.runs import run_routes
 from nodbot.bot.http.schemas import (
     ApprovalDetail,
@@ -132,6 +133,7 @@ def create_app(
     on_decided = service.decided if service is not None else None
     api = _ApprovalsApi(store, registry, table, authorize_decision, on_decided)
     api.workers = service.health if service is not None else None
+    api.service = service
     routes = [
         Route("/healthz", api.health, methods=["GET"]),
         Route("/readyz", api.health, methods=["GET"]),
@@ -141,6 +143,7 @@ def create_app(
     ]
     if service is not None:
         routes += run_routes(service, table)
+        routes += request_routes(service, table)
     if email is not None:
         routes += email_routes(email, table)
     document = openapi_document(with_runs=service is not None, with_email=email is not None)
@@ -201,6 +204,8 @@ class _ApprovalsApi:
         self.on_decided = on_decided
         self.counters: dict[str, int] = {"decisions": 0}
         self.workers: WorkerHealth | None = None
+        self.service: BotService | None = None
+        """Wakes waiting reads of an approval (`?wait`), when the bot serves runs."""
 
     async def health(self, request: Request) -> Response:
         """Whether this process can do its work: the store answers (within
@@ -233,8 +238,18 @@ class _ApprovalsApi:
         return JSONResponse(views)
 
     async def get(self, request: Request) -> Response:
-        self.tokens.require(request, "approvals:read")
-        record = await self._record(request.path_params["approval_id"])
+        self.tokens.require_any(request, "approvals:read", "approvals:request")
+        query = parse(WaitQuery, dict(request.query_params), "invalid query parameters")
+        approval_id = request.path_params["approval_id"]
+        if query.wait and self.service is not None:
+            try:
+                record = await wait_for_decision(self.service, approval_id, query.wait)
+            except ApprovalNotFound:
+                raise ApiError(
+                    404, "no approval has this id", details={"approval_id": approval_id}
+                ) from None
+        else:
+            record = await self._record(approval_id)
         events = await self.store.events(record.approval_id)
         detail = ApprovalDetail(
             **ApprovalView.fields_of(record), events=[EventView.of(e) for e in events]

@@ -65,6 +65,14 @@ class TokenTable:
         `ApiError` 401 (no valid token) or 403 (the scope is missing)."""
         return self.require_token(request, scope).name
 
+    def require_any(self, request: Request, *scopes: ApiScope) -> ApiToken:
+        """The token of a request, which has one of `scopes`. Raises `ApiError` 401 (no
+        valid token) or 403 (naming the first scope)."""
+        token = self.authenticate(request)
+        if not any(scope in token.scopes for scope in scopes):
+            raise missing_scope(scopes[0], f" (or {', '.join(scopes[1:])})" if scopes[1:] else "")
+        return token
+
     def require_token(self, request: Request, scope: ApiScope) -> ApiToken:
         """The token of a request, which has `scope`. Raises `ApiError` 401 (no valid token)
         or 403 (the scope is missing)."""

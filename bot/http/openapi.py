@@ -8,6 +8,7 @@ from typing import Any
 from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
 
+from nodbot.bot.http.requests import ConsumedView, RequestBody
 from nodbot.bot.http.runs import RunBody, RunView
 from nodbot.bot.http.schemas import ApprovalDetail, ApprovalView, DecideBody, ErrorBody, HealthView
 from nodbot.core import __version__
@@ -19,7 +20,8 @@ _ERRORS = {
     "401": "no token, or an unknown one",
     "403": "the token lacks the scope, or the rules refuse the decision",
     "404": "no such approval or run",
-    "409": "already decided (the first decision wins), or already voted",
+    "409": "already decided (the first decision wins), already voted, a call id asked about "
+    "with other arguments, a decision not made yet or handed out already",
     "413": "the body is larger than the route's limit",
     "422": "invalid fields, each named, or a body that is not acceptable JSON",
 }
@@ -92,10 +94,13 @@ def _approval_paths() -> dict[str, Any]:
         },
         "/approvals/{approval_id}": {
             "get": _operation(
-                "One approval with its events",
-                "approvals:read",
-                _answers("200", ApprovalDetail, "401", "403", "404"),
-                parameters=[approval_id],
+                "One approval with its events; with `wait`, once decided (or after it)",
+                "approvals:read or approvals:request",
+                _answers("200", ApprovalDetail, "401", "403", "404", "422"),
+                parameters=[
+                    approval_id,
+                    _param("wait", "query", {"type": "number", "minimum": 0, "maximum": 60}),
+                ],
             )
         },
         "/approvals/{approval_id}/decide": {
@@ -105,6 +110,28 @@ def _approval_paths() -> dict[str, Any]:
                 _answers("200", ApprovalView, "401", "403", "404", "409", "413", "422"),
                 parameters=[approval_id],
                 requestBody={"required": True, **_json(_ref(DecideBody))},
+            )
+        },
+    }
+
+
+def _request_paths() -> dict[str, Any]:
+    return {
+        "/approvals": {
+            "post": _operation(
+                "Put a call of a tool that runs elsewhere to the rules: decided at once, or a "
+                "review opened (idempotent on run id and call id)",
+                "approvals:request",
+                _answers("201", ApprovalView, "401", "403", "409", "413", "422"),
+                requestBody={"required": True, **_json(_ref(RequestBody))},
+            )
+        },
+        "/approvals/{approval_id}/consume": {
+            "post": _operation(
+                "Take the decision, once, with its one-use approval token",
+                "approvals:request",
+                _answers("200", ConsumedView, "401", "403", "404", "409"),
+                parameters=[_param("approval_id", "path", {"type": "string"})],
             )
         },
     }
@@ -182,11 +209,16 @@ def openapi_document(*, with_runs: bool, with_email: bool = False) -> dict[str, 
         HealthView,
         RunBody,
         RunView,
+        RequestBody,
+        ConsumedView,
     ]
     _, schemas = models_json_schema(
         [(model, "serialization") for model in models], ref_template=_REF
     )
     paths = _approval_paths() | (_run_paths() if with_runs else {})
+    if with_runs:  # served beside the runs: the request API needs the bot's rules
+        for path, operations in _request_paths().items():
+            paths[path] = {**paths.get(path, {}), **operations}
     if with_email:
         paths |= _email_paths()
     return {

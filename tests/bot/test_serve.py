@@ -300,10 +300,15 @@ async def test_the_openapi_document_describes_every_route(served: Running) -> No
         "/approvals",
         "/approvals/{approval_id}",
         "/approvals/{approval_id}/decide",
+        "/approvals/{approval_id}/consume",
         "/runs",
         "/runs/{run_id}",
     }
+    assert set(document["paths"]["/approvals"]) == {"get", "post"}
     schemas = document["components"]["schemas"]
+    assert {"tool", "arguments", "schema", "run_id", "call_id"} <= set(
+        schemas["RequestBody"]["properties"]
+    )
     assert set(schemas["DecideBody"]["properties"]) == {"action", "arguments", "reason"}
     assert {ref.rsplit("/", 1)[1] for ref in refs(document)} <= set(schemas)
     decide = document["paths"]["/approvals/{approval_id}/decide"]["post"]

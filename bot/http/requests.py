@@ -1,0 +1,281 @@
+"""The approval request API: any program (an agent of another framework, in any language) puts
+a call to the bot's rules before it runs it, waits for the decision, and takes it once.
+
+| route                             | scope             | does                                   |
+|-----------------------------------|-------------------|----------------------------------------|
+| `POST /approvals`                 | approvals:request | the rules decide the call at once, or  |
+|                                   |                   | open a review (201; 200 when the call  |
+|                                   |                   | was asked about already)               |
+| `GET /approvals/{id}?wait=N`      | approvals:read or | the approval, once decided or after N  |
+|                                   | approvals:request | seconds (at most 60)                   |
+| `POST /approvals/{id}/consume`    | approvals:request | the decision, handed out once, with a  |
+|                                   |                   | one-use approval token (409 after)     |
+
+`POST /approvals` takes the tool, its arguments, optionally the arguments' JSON schema (kept
+with the review, so that reviewers get a typed edit form and edits are checked against it
+for tools the bot does not have), the run id and the framework's native call id, who asked,
+and a description shown to reviewers. It is idempotent on (run id, call id): the same call
+again gets the same approval; the same call id with another tool or other arguments is
+refused (409), since a decision answers one call only. The rules decide it exactly as they
+decide a call of the bot's own agents: a rule's `decision` at once (recorded, decided by
+`nodbot:rules.<n>`), its reviewers otherwise.
+
+`POST /approvals/{id}/consume` spends the decision: the answer says whether the call may
+run, with which arguments (edited ones merged into the original), the reviewer's reason, and
+`token`, a one-use approval token (`core.approval_tokens`) bound to the run, the call id, the
+tool and the arguments' digest, signed with a key derived from the bearer token that
+consumed it (so the client can check it, and nobody else can make one). A second consume is
+a 409: an external tool, too, runs at most once per decision. A replayed call after that
+(the same run and call id) opens a new review.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from dataclasses import replace
+from typing import Annotated, Any
+
+from pydantic import Field, StringConstraints, field_validator
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from nodbot.bot.config import ApiToken
+from nodbot.bot.http.auth import ApiError, TokenTable
+from nodbot.bot.http.common import json_body, json_response, parse
+from nodbot.bot.http.schemas import ApprovalView, _Model
+from nodbot.bot.policy import RulesPort
+from nodbot.bot.service import BotService
+from nodbot.core import (
+    ApprovalAlreadyConsumed,
+    ApprovalAlreadyDecided,
+    ApprovalNotDecided,
+    ApprovalNotFound,
+    ApprovalRecord,
+    ApprovalRequest,
+    Decision,
+    InvalidArgumentsError,
+    merge_edit,
+)
+from nodbot.core.approval_tokens import ApprovalToken, token_key
+from nodbot.core.tools import arguments_digest, canonical_json
+
+__all__ = ["MAX_SCHEMA_BYTES", "request_routes"]
+
+CHANNEL = "api"
+MAX_WAIT = 60.0
+"""The longest `wait` a request may ask for, seconds."""
+MAX_SCHEMA_BYTES = 65_536
+"""The largest argument schema kept with a review (canonical JSON)."""
+MAX_DESCRIPTION = 2_000
+
+Identifier = Annotated[
+    str, StringConstraints(min_length=1, max_length=200, pattern=r"^[^\s\x00-\x1f]+$")
+]
+
+
+class RequestBody(_Model):
+    """The body of `POST /approvals`."""
+
+    tool: Identifier
+    """The tool's name, as the agent calls it."""
+    arguments: dict[str, Any]
+    """The call's arguments, as JSON values."""
+    arguments_schema: dict[str, Any] | None = Field(default=None, alias="schema")
+    """The arguments' JSON schema (`schema` in the body), for reviewers' edit forms and to
+    check their edits; the bot's own tools use their model instead."""
+    run_id: Identifier
+    """The run (thread, session) the call belongs to."""
+    call_id: Identifier
+    """The framework's native id of the call."""
+    requested_by: Annotated[str, StringConstraints(min_length=1, max_length=320)] | None = None
+    """Who the call is made for (an end user); by default the token's name."""
+    description: Annotated[str, StringConstraints(max_length=MAX_DESCRIPTION)] | None = None
+    """Why the agent makes the call, shown to reviewers when the rule gives no description."""
+
+    @field_validator("arguments_schema")
+    @classmethod
+    def _schema(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
+        if value is not None and len(canonical_json(value).encode()) > MAX_SCHEMA_BYTES:
+            raise ValueError(f"the schema is over {MAX_SCHEMA_BYTES} bytes")
+        if value is not None and value.get("type", "object") != "object":
+            raise ValueError("the schema of a call's arguments describes an object")
+        return value
+
+
+class WaitQuery(_Model):
+    wait: Annotated[float, Field(ge=0, le=MAX_WAIT)] = 0
+    """Seconds to wait for a decision before answering (0: answer at once)."""
+
+
+class ConsumedView(_Model):
+    """The answer of `POST /approvals/{id}/consume`."""
+
+    approval_id: str
+    run_id: str
+    call_id: str
+    tool: str
+    approved: bool
+    """Whether the call may run."""
+    arguments: dict[str, Any]
+    """The arguments to run it with: the original ones with the reviewer's edits merged."""
+    edited: bool
+    """Whether a reviewer changed the arguments."""
+    reason: str | None
+    """The reviewer's reason (a denied call's model should be told it)."""
+    decided_by: str | None
+    token: str
+    """The one-use approval token of this decision (`core.approval_tokens`)."""
+
+
+def request_routes(service: BotService, tokens: TokenTable) -> list[Route]:
+    """The routes of the approval request API (the `GET` is the approvals API's own)."""
+    store = service.store
+    port = RulesPort(service.config, store, registry=service.registry)
+
+    async def create(request: Request) -> Response:
+        token = tokens.require_token(request, "approvals:request")
+        body = parse(RequestBody, await json_body(request), "invalid approval request")
+        requester = body.requested_by or token.name
+        if requester.lower() != token.name.lower() and "approvals:decide" in token.scopes:
+            raise ApiError(
+                403,
+                "a token that may decide asks only as itself: requested_by must be its name",
+                details={"requested_by": requester},
+            )
+        arguments = _validated(service, body.tool, body.arguments)
+        asked = ApprovalRequest(
+            run_id=body.run_id,
+            call_id=body.call_id,
+            tool=body.tool,
+            arguments=arguments,
+            digest=arguments_digest(arguments),
+            requested_by=requester,
+            policy=_extra_policy(body, token),
+        )
+        existing = await store.find(body.run_id, body.call_id)
+        if existing is not None and not existing.finished:
+            _same_call(existing, asked)
+            return json_response(ApprovalView.of(existing))
+        ruled = await port.rule(asked)
+        waiting = asked if isinstance(ruled, Decision) else ruled
+        if body.description and not waiting.policy.get("description"):
+            waiting = _described(waiting, body.description)
+        record = await store.create(waiting)
+        _same_call(record, asked)  # another request for the call won a race: the same call?
+        if isinstance(ruled, Decision) and record.decision is None:
+            with contextlib.suppress(ApprovalAlreadyDecided):  # the same rule, in a race
+                await store.decide(record.approval_id, ruled, channel="rules")
+            record = await store.get(record.approval_id)
+            service.decided()
+        return json_response(ApprovalView.of(record), status=201)
+
+    async def consume(request: Request) -> Response:
+        token = tokens.require_token(request, "approvals:request")
+        approval_id = request.path_params["approval_id"]
+        try:
+            record = await store.consume(approval_id, actor=token.name)
+        except ApprovalNotFound:
+            raise ApiError(
+                404, "no approval has this id", details={"approval_id": approval_id}
+            ) from None
+        except ApprovalNotDecided:
+            raise ApiError(
+                409, "this approval is not decided yet", details={"approval_id": approval_id}
+            ) from None
+        except ApprovalAlreadyConsumed:
+            raise ApiError(
+                409,
+                "this decision was handed out already: it answers one call, once",
+                details={"approval_id": approval_id},
+            ) from None
+        if not record.finished:
+            # Handed out is as far as the bot sees the call; a replay opens a new review.
+            record = await store.finish(approval_id, outcome="handed-out")
+        return json_response(_consumed(record, token))
+
+    return [
+        Route("/approvals", create, methods=["POST"]),
+        Route("/approvals/{approval_id}/consume", consume, methods=["POST"]),
+    ]
+
+
+async def wait_for_decision(
+    service: BotService, approval_id: str, seconds: float
+) -> ApprovalRecord:
+    """The approval once decided, or as it is after `seconds`. Raises `ApprovalNotFound`."""
+    deadline = time.monotonic() + seconds
+    while True:
+        decided = service.decisions()  # taken before reading: no decision is missed
+        record = await service.store.get(approval_id)
+        left = deadline - time.monotonic()
+        if record.decision is not None or left <= 0:
+            return record
+        # Woken by this bot's decisions; another replica's are seen within a poll interval.
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(decided.wait(), min(left, service.poll))
+
+
+def _validated(service: BotService, tool: str, arguments: dict[str, Any]) -> dict[str, Any]:
+    """The arguments as given (they are what the caller will run, and what its digest is
+    of), checked by the model of the bot's own tool of that name when there is one."""
+    if tool in service.registry:
+        try:
+            service.registry.get(tool).validate(arguments, source="arguments")
+        except InvalidArgumentsError as exc:
+            raise ApiError(422, exc.message, details=exc.details()) from None
+    return arguments
+
+
+def _extra_policy(body: RequestBody, token: ApiToken) -> dict[str, Any]:
+    extra: dict[str, Any] = {"requested_with": token.name}
+    if body.arguments_schema is not None:
+        extra["schema"] = body.arguments_schema
+    return extra
+
+
+def _described(request: ApprovalRequest, description: str) -> ApprovalRequest:
+    return replace(request, policy={**request.policy, "description": description})
+
+
+def _same_call(record: ApprovalRecord, asked: ApprovalRequest) -> None:
+    if record.request.tool != asked.tool or record.request.digest != asked.digest:
+        raise ApiError(
+            409,
+            "this call id was asked about with another tool or other arguments; a decision "
+            "answers one call: give the new call an id of its own",
+            details={"approval_id": record.approval_id, "call_id": asked.call_id},
+        )
+
+
+def _consumed(record: ApprovalRecord, token: ApiToken) -> ConsumedView:
+    decision = record.decision
+    assert decision is not None  # consume takes decided records only
+    original = record.request.arguments
+    final = merge_edit(original, decision.edited_args) if decision.edited_args else original
+    edited = bool(decision.edited_args) and final != original
+    claims = ApprovalToken(
+        approval_id=record.approval_id,
+        run_id=record.request.run_id,
+        call_id=record.request.call_id,
+        tool=record.request.tool,
+        digest=record.request.digest,
+        approved=decision.approved,
+        decided_by=decision.decided_by,
+        reason=decision.reason,
+        edited_digest=arguments_digest(final) if edited else None,
+    )
+    return ConsumedView(
+        approval_id=record.approval_id,
+        run_id=record.request.run_id,
+        call_id=record.request.call_id,
+        tool=record.request.tool,
+        approved=decision.approved,
+        arguments=final,
+        edited=edited,
+        reason=decision.reason,
+        decided_by=decision.decided_by,
+        token=claims.sign(token_key(token.token.get_secret_value())),
+    )

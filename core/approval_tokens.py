@@ -1,0 +1,135 @@
+"""One-use approval tokens: what `POST /approvals/{id}/consume` hands out with a decision, and
+the only form in which a bridge passes an approval to an agent framework.
+
+A token names one decision and binds it to the call it answers: the run id, the framework's
+native call id, the tool and the SHA-256 digest of the call's original arguments
+(`arguments_digest`), with the decision itself (approved or not, the final arguments' digest
+when a reviewer edited them, the reason). It is `nat1.<claims>.<mac>`: the claims as
+base64url canonical JSON, and HMAC-SHA256 over them keyed by a key derived from the API
+bearer token that consumed the decision. The bot and the holder of that bearer token can
+both compute the key, so a client checks a token it was handed without any other secret,
+and a token made up or changed by someone without the bearer token does not verify.
+
+It is one-use because the decision behind it is: the bot hands it out once (a second consume
+is refused), and `check` refuses it for any call but the one it names (another run, call id,
+tool or argument digest, such as a thread that moved on to other arguments).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import hmac
+import json
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from nodbot.core.errors import NodbotError
+from nodbot.core.tools import arguments_digest, canonical_json
+
+__all__ = ["ApprovalToken", "InvalidApprovalToken", "token_key"]
+
+PREFIX = "nat1"
+_LABEL = b"nodbot approval token v1"
+
+
+class InvalidApprovalToken(NodbotError):
+    """A token that does not verify, or that names another call; the message says which."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+def token_key(bearer_token: str) -> bytes:
+    """The key the tokens handed to the holder of `bearer_token` are signed with."""
+    return hmac.new(bearer_token.encode(), _LABEL, hashlib.sha256).digest()
+
+
+@dataclass(frozen=True)
+class ApprovalToken:
+    """The claims of a token (see the module)."""
+
+    approval_id: str
+    run_id: str
+    call_id: str
+    tool: str
+    digest: str
+    """SHA-256 of the call's original arguments."""
+    approved: bool
+    decided_by: str | None = None
+    reason: str | None = None
+    edited_digest: str | None = None
+    """SHA-256 of the final arguments when a reviewer edited them, else None."""
+
+    def sign(self, key: bytes) -> str:
+        """The token's text, signed with `key` (`token_key`)."""
+        payload = _b64(canonical_json(asdict(self)).encode())
+        return f"{PREFIX}.{payload}.{_b64(_mac(key, payload))}"
+
+    @classmethod
+    def verify(cls, text: str, key: bytes) -> ApprovalToken:
+        """The claims of `text`, whose signature must hold under `key`. Raises
+        `InvalidApprovalToken`."""
+        prefix, _, rest = text.partition(".")
+        payload, _, mac = rest.partition(".")
+        if prefix != PREFIX or not payload or not mac:
+            raise InvalidApprovalToken("not an approval token of nodbot")
+        try:
+            given = _unb64(mac)
+        except (binascii.Error, ValueError):
+            raise InvalidApprovalToken("the approval token's signature is malformed") from None
+        if not hmac.compare_digest(given, _mac(key, payload)):
+            raise InvalidApprovalToken("the approval token was not issued to this client")
+        try:
+            claims = json.loads(_unb64(payload))
+            return cls(**claims)
+        except (binascii.Error, ValueError, TypeError):
+            raise InvalidApprovalToken("the approval token's claims are malformed") from None
+
+    def check(
+        self,
+        *,
+        run_id: str,
+        call_id: str | None,
+        tool: str,
+        arguments: Mapping[str, Any],
+        final: Mapping[str, Any] | None = None,
+    ) -> None:
+        """Refuse (`InvalidApprovalToken`) unless the token answers this very call: the
+        same run, native call id, tool and original arguments, and, when `final` (the
+        arguments about to run) is given, those the decision allows."""
+        if not call_id:
+            raise InvalidApprovalToken("the call has no native call id, so no token answers it")
+        for name, mine, theirs in (
+            ("run", self.run_id, run_id),
+            ("call id", self.call_id, call_id),
+            ("tool", self.tool, tool),
+        ):
+            if mine != theirs:
+                raise InvalidApprovalToken(
+                    f"the approval token is for {name} {mine!r}, not {theirs!r}"
+                )
+        if self.digest != arguments_digest(arguments):
+            raise InvalidApprovalToken(
+                "the approval token was issued for other arguments: the call changed since "
+                "it was reviewed"
+            )
+        if final is not None:
+            allowed = self.edited_digest or self.digest
+            if arguments_digest(final) != allowed:
+                raise InvalidApprovalToken("the arguments to run are not the ones decided")
+
+
+def _mac(key: bytes, payload: str) -> bytes:
+    return hmac.new(key, f"{PREFIX}.{payload}".encode(), hashlib.sha256).digest()
+
+
+def _b64(data: bytes) -> str:
+    return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
+
+
+def _unb64(text: str) -> bytes:
+    return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
