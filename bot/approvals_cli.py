@@ -34,6 +34,7 @@ from nodbot.core import (
     ToolDecision,
     ToolRegistry,
 )
+from nodbot.core.remembered import RememberedApproval
 
 __all__ = ["add_approvals_commands", "run_approvals_command"]
 
@@ -65,7 +66,13 @@ def add_approvals_commands(commands: Any) -> None:
     decide.add_argument("--as", dest="principal", required=True, help="who decides")
     decide.add_argument("--arguments", help="for edit: a JSON object, e.g. '{\"amount\": 100}'")
     decide.add_argument("--reason", help="why (the model is told, for a deny)")
-    for parser in (listing, show, decide):
+    remembered = actions.add_parser(
+        "remembered", help="the approvals reviewers asked to remember, still in force"
+    )
+    remembered.add_argument("--all", action="store_true", help="expired and forgotten ones too")
+    forget = actions.add_parser("forget", help="end a remembered approval: it covers no more calls")
+    forget.add_argument("remember_id", help="as `approvals remembered` lists it (rem_...)")
+    for parser in (listing, show, decide, remembered, forget):
         parser.add_argument("--config", default="nodbot.yml", metavar="FILE")
 
 
@@ -90,6 +97,12 @@ async def run_approvals_command(arguments: argparse.Namespace) -> str:
                 for e in events
             ]
             return "\n".join(lines)
+        if arguments.action == "remembered":
+            kept = await store.remembered.list(live=not arguments.all)
+            return _remembered_table(kept)
+        if arguments.action == "forget":
+            gone = await store.remembered.forget(arguments.remember_id, by=f"cli:{_os_user()}")
+            return f"forgotten: {gone.remember_id} ({gone.tool}, approved by {gone.decided_by})"
         return await _decide(config, store, arguments)
 
 
@@ -124,6 +137,20 @@ async def _decide(config: Config, store: SqlApprovalStore, arguments: argparse.N
         record.approval_id, decision, channel=CHANNEL, person=verdict.person, evidence=evidence
     )
     return _describe(decided)
+
+
+def _remembered_table(kept: Sequence[RememberedApproval]) -> str:
+    if not kept:
+        return "no remembered approvals"
+    lines = []
+    for entry in kept:
+        state = "forgotten" if entry.forgotten_at else f"until {entry.expires_at:%Y-%m-%d %H:%M}"
+        arguments = json.dumps(entry.arguments, ensure_ascii=False)
+        lines.append(
+            f"{entry.remember_id}  {entry.tool}  {arguments}  by {entry.decided_by}  "
+            f"{state}  (review {entry.approval_id})"
+        )
+    return "\n".join(lines)
 
 
 def _os_user() -> str:

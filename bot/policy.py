@@ -18,15 +18,19 @@ Every call is put to `RulesPort`, and the first rule of the file that matches it
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import Any
 
 from nodbot.bot.bounds import edit_refusal
 from nodbot.bot.config import Config
 from nodbot.bot.config.models import ReviewPolicy
+from nodbot.bot.remember import CHANNEL as REMEMBERED
+from nodbot.bot.remember import remembered_decision, rule_digest
 from nodbot.core import (
+    ApprovalAlreadyDecided,
     ApprovalRecord,
     ApprovalRequest,
     ApprovalStore,
@@ -44,6 +48,7 @@ from nodbot.core.store import utc_now
 
 __all__ = [
     "SELF_APPROVAL_REASON",
+    "Ruled",
     "RulesPort",
     "authorize_by_rules",
     "rule_refusal",
@@ -54,6 +59,21 @@ SELF_APPROVAL_REASON = "you started this run, so you may not approve its calls"
 
 NO_RULE = "nodbot:no-rule"
 """Who `decided` a call that no rule covers: nobody had to."""
+
+
+@dataclass(frozen=True)
+class Ruled:
+    """What the rules made of a call (`RulesPort.rule`)."""
+
+    request: ApprovalRequest
+    """The call as it is recorded: with its rule's policy, deadline and approvals required
+    when it is reviewed."""
+    decision: Decision | None = None
+    """The decision made at once (by a rule, or by a remembered approval); None: the call
+    waits for review."""
+    evidence: dict[str, Any] | None = None
+    """For a remembered approval: which one and the review it came from (the decision is then
+    recorded as a review of its own, channel `remembered`)."""
 
 
 class RulesPort(DeferredApproval):
@@ -77,34 +97,60 @@ class RulesPort(DeferredApproval):
 
     async def request(self, request: ApprovalRequest) -> PortAnswer:
         ruled = await self.rule(request)
-        if isinstance(ruled, Decision):
-            return Decided(ruled)
-        return await super().request(ruled)
+        if ruled.decision is None:
+            return await super().request(ruled.request)
+        if ruled.evidence is None:
+            return Decided(ruled.decision)
+        # Remembered: recorded as a review of its own, decided at once, then taken.
+        record = await self.store.create(ruled.request)
+        if record.decision is None:
+            with contextlib.suppress(ApprovalAlreadyDecided):
+                await self.store.decide(
+                    record.approval_id,
+                    ruled.decision,
+                    channel=REMEMBERED,
+                    evidence=ruled.evidence,
+                )
+        return await super().request(ruled.request)
 
-    async def rule(self, request: ApprovalRequest) -> Decision | ApprovalRequest:
-        """What the rules make of a call: a decision at once, or the request as it is to
-        wait for review (with its rule's policy, deadline and approvals required)."""
+    async def rule(self, request: ApprovalRequest) -> Ruled:
+        """What the rules make of a call: a decision at once (by a rule, or by a reviewer's
+        remembered approval), or the request as it is to wait for review (with its rule's
+        policy, deadline and approvals required)."""
         for index, rule in enumerate(self.config.rules):
             if not rule.covers(request.tool, request.arguments):
                 continue
             by = f"nodbot:rules.{index}"
             if rule.decision == "approve":
-                return Decision(approved=True, reason=rule.description, decided_by=by)
+                return Ruled(
+                    request, Decision(approved=True, reason=rule.description, decided_by=by)
+                )
             if rule.decision == "deny":
                 reason = rule.description or f"denied by rule {index} of the configuration"
-                return Decision(approved=False, reason=reason, decided_by=by)
-            return self._review(request, index, rule)
+                return Ruled(request, Decision(approved=False, reason=reason, decided_by=by))
+            return await self._reviewed(request, index, rule)
         asks = await self._asks_for_review(request)
         if asks is None:
-            return Decision(approved=True, decided_by=NO_RULE)
+            return Ruled(request, Decision(approved=True, decided_by=NO_RULE))
         if self.config.defaults is not None:
-            return self._review(request, "defaults", self.config.defaults)
+            return await self._reviewed(request, "defaults", self.config.defaults)
         file = self.config.source_file or "the configuration"
         reason = (
             f"{request.tool} asks for review ({asks}) and no rule of {file} covers it: "
             f"add a rule for {request.tool} or a defaults: section"
         )
-        return Decision(approved=False, reason=reason, decided_by=NO_RULE)
+        return Ruled(request, Decision(approved=False, reason=reason, decided_by=NO_RULE))
+
+    async def _reviewed(
+        self, request: ApprovalRequest, index: int | str, rule: ReviewPolicy
+    ) -> Ruled:
+        """The call under a review rule: approved by a remembered approval it matches, else
+        waiting for review."""
+        waiting = self._review(request, index, rule)
+        remembered = await remembered_decision(self.store, waiting)
+        if remembered is not None:
+            return Ruled(waiting, remembered[0], remembered[1])
+        return Ruled(waiting)
 
     def _review(
         self, request: ApprovalRequest, index: int | str, rule: ReviewPolicy
@@ -155,8 +201,16 @@ class RulesPort(DeferredApproval):
         bounds: dict[str, Any] = {}
         if rule.edit_bounds is not None:
             bounds = {"edit_bounds": [bound.to_json() for bound in rule.edit_bounds]}
+        remembering: dict[str, Any] = {}
+        if rule.remember is not None:
+            remembering = {
+                "remember": rule.remember,
+                "remember_by": None if rule.remember_by is None else list(rule.remember_by),
+                "rule_digest": rule_digest(rule),
+            }
         return {
             **escalation,
+            **remembering,
             "rule": index,
             "description": rule.description,
             "reviewers": [reviewer.text for reviewer in reviewers],

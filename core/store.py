@@ -29,6 +29,7 @@ from typing import Any, Literal, Protocol, TypeAlias, runtime_checkable
 
 from nodbot.core.calls import new_id
 from nodbot.core.decisions import Decision, ToolInterrupt
+from nodbot.core.remembered import MemoryRememberedApprovals
 from nodbot.core.errors import (
     ApprovalAlreadyConsumed,
     ApprovalAlreadyDecided,
@@ -401,6 +402,8 @@ class MemoryApprovalStore:
         self._votes: dict[str, list[tuple[str, Decision]]] = {}  # (voter, vote)
         self.sessions = MemorySessionRevocations(clock=clock)
         """The web inbox's ended sessions (`SessionRevocations`), in this process only."""
+        self.remembered = MemoryRememberedApprovals(clock=clock)
+        """Reviewers' remembered approvals (`core.remembered`), in this process only."""
 
     async def create(self, request: ApprovalRequest) -> ApprovalRecord:
         with self._lock:

@@ -311,6 +311,8 @@ _REVIEW_KEYS = (
     "timeout_decision",
     "escalate_after",
     "escalate_to",
+    "remember",
+    "remember_by",
 )
 _TOOL_NAME = re.compile(r"[A-Za-z_]\w*")
 
@@ -351,6 +353,13 @@ class ReviewPolicy(ConfigModel):
     """How long before `escalate_to` is asked too; shorter than `timeout`."""
     escalate_to: list[ReviewerEntry] | None = None
     """Who is asked after `escalate_after`; written like `reviewers`."""
+    remember: Duration | None = None
+    """How long a reviewer's "approve, and remember" holds (such as 1d): a later call of the
+    same tool with the same arguments (those of `remember_by`) under this rule, unchanged,
+    is approved at once as that reviewer's decision. Without it, nothing is remembered."""
+    remember_by: list[str] | None = None
+    """The arguments a remembered approval is scoped to (by default all of them): with
+    `[recipient]`, approving one email to a recipient approves the later ones to them."""
 
     @field_validator("allowed_decisions")
     @classmethod
@@ -388,6 +397,10 @@ class ReviewPolicy(ConfigModel):
             yield ("escalate_after",), "must be shorter than timeout"
         if "timeout_decision" in self.model_fields_set and self.timeout is None:
             yield ("timeout_decision",), "has no effect without timeout"
+        if self.remember_by is not None and self.remember is None:
+            yield ("remember_by",), "has no effect without remember"
+        if self.remember is not None and self.approvals_required > 1:
+            yield ("remember",), "one reviewer's approval cannot stand for several"
         for key in ("editable", "edit_bounds"):
             if getattr(self, key) is not None and "edit" not in self.allowed_decisions:
                 yield (key,), "has no effect unless allowed_decisions includes edit"

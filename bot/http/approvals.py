@@ -56,6 +56,7 @@ from nodbot.bot.http.schemas import (
 )
 from nodbot.bot.people import People
 from nodbot.bot.policy import SELF_APPROVAL_REASON
+from nodbot.bot.remember import NOT_REMEMBERED, remember_decision, scope_of
 from nodbot.bot.service import BotService, WorkerHealth
 from nodbot.core import (
     ApprovalAlreadyDecided,
@@ -262,6 +263,9 @@ class _ApprovalsApi:
         body = parse(DecideBody, await json_body(request), "invalid decision")
         record = await self._record(request.path_params["approval_id"])
         decision = body.to_decision(principal)
+        if body.remember and (body.action != "approve" or scope_of(record.request) is None):
+            why = NOT_REMEMBERED if body.action == "approve" else "only an approve is remembered"
+            raise ApiError(422, why, details={"approval_id": record.approval_id})
         verdict = await self.authorize(principal, record, decision)
         if verdict.refusal is None and decision.approved and "runs:write-as" in token.scopes:
             verdict = Verdict(verdict.person, STARTS_FOR_OTHERS_REASON)
@@ -308,6 +312,12 @@ class _ApprovalsApi:
             )
             raise ApiError(422, message, details=exc.details()) from None
         self.counters["decisions"] += 1
+        if body.remember and decided.status == "approved":
+            kept = await remember_decision(self.store, decided, person=verdict.person)
+            log.info(
+                "approval remembered",
+                extra={"approval_id": decided.approval_id, "remember_id": kept.remember_id},
+            )
         if self.on_decided is not None:
             self.on_decided()  # the run may be ready to go on
         return json_response(ApprovalView.of(decided))

@@ -47,6 +47,7 @@ from nodbot.bot.http.auth import ApiError, TokenTable
 from nodbot.bot.http.common import json_body, json_response, parse
 from nodbot.bot.http.schemas import ApprovalView, _Model
 from nodbot.bot.policy import RulesPort
+from nodbot.bot.remember import CHANNEL as REMEMBERED
 from nodbot.bot.service import BotService
 from nodbot.core import (
     ApprovalAlreadyConsumed,
@@ -55,7 +56,6 @@ from nodbot.core import (
     ApprovalNotFound,
     ApprovalRecord,
     ApprovalRequest,
-    Decision,
     InvalidArgumentsError,
     merge_edit,
 )
@@ -160,14 +160,17 @@ def request_routes(service: BotService, tokens: TokenTable) -> list[Route]:
             _same_call(existing, asked)
             return json_response(ApprovalView.of(existing))
         ruled = await port.rule(asked)
-        waiting = asked if isinstance(ruled, Decision) else ruled
+        waiting = ruled.request
         if body.description and not waiting.policy.get("description"):
             waiting = _described(waiting, body.description)
         record = await store.create(waiting)
         _same_call(record, asked)  # another request for the call won a race: the same call?
-        if isinstance(ruled, Decision) and record.decision is None:
+        if ruled.decision is not None and record.decision is None:
+            channel = "rules" if ruled.evidence is None else REMEMBERED
             with contextlib.suppress(ApprovalAlreadyDecided):  # the same rule, in a race
-                await store.decide(record.approval_id, ruled, channel="rules")
+                await store.decide(
+                    record.approval_id, ruled.decision, channel=channel, evidence=ruled.evidence
+                )
             record = await store.get(record.approval_id)
             service.decided()
         return json_response(ApprovalView.of(record), status=201)

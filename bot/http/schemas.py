@@ -86,6 +86,9 @@ class DecideBody(_Model):
     """For `edit` only: the arguments to change; the others keep their values."""
     reason: Annotated[str, StringConstraints(max_length=MAX_REASON)] | None = None
     """Why, at most 2,000 characters; a denied call's model is told this reason."""
+    remember: bool = False
+    """With `approve`, and when the call's rule has `remember:`: later identical calls under
+    that rule are approved at once, as this decision, until it expires or is forgotten."""
 
     @field_validator("arguments")
     @classmethod

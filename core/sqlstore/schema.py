@@ -28,6 +28,7 @@ __all__ = [
     "deliveries",
     "events",
     "metadata",
+    "remembered",
     "revocations",
     "runs",
     "votes",
@@ -221,3 +222,22 @@ revocations = Table(
 Index("revocations_subject", revocations.c.kind, revocations.c.subject)
 # The pruning of those that have expired, on every insert.
 Index("revocations_expiry", revocations.c.expires_at)
+
+remembered = Table(
+    "remembered",
+    metadata,
+    Column("remember_id", String(64), primary_key=True),
+    Column("scope", String(64), nullable=False),  # remember_scope(): tool, rule, arguments
+    Column("tool", String(255), nullable=False),
+    Column("arguments", Text, nullable=False),  # the arguments it covers, canonical JSON
+    Column("rule", String(64), nullable=False),  # the digest of the rule's text
+    Column("decided_by", String(320), nullable=False),
+    Column("person", String(320)),
+    Column("approval_id", String(64), nullable=False),  # the review it was made in
+    Column("created_at", UTCDateTime, nullable=False),
+    Column("expires_at", UTCDateTime, nullable=False),
+    Column("forgotten_at", UTCDateTime),
+    Column("forgotten_by", String(320)),
+)
+# find(): the live approvals of one scope, for each call a remembering rule covers.
+Index("remembered_scope", remembered.c.scope, remembered.c.expires_at)

@@ -50,6 +50,7 @@ from nodbot.core.sqlstore.engine import (
 from nodbot.core.sqlstore.migrate import ensure_schema
 from nodbot.core.sqlstore.notices import Listening
 from nodbot.core.sqlstore.postgres import PostgresBackend
+from nodbot.core.sqlstore.remembered import SqlRememberedApprovals
 from nodbot.core.sqlstore.sessions import SqlSessionRevocations
 from nodbot.core.sqlstore.sqlite import SqliteBackend
 from nodbot.core.store import (
@@ -118,6 +119,8 @@ class SqlApprovalStore:
         self._opening = asyncio.Lock()
         self.sessions = SqlSessionRevocations(self.url, ready=self.open, clock=clock)
         """The web inbox's ended sessions, in this database (`core.sqlstore.sessions`)."""
+        self.remembered = SqlRememberedApprovals(self.url, ready=self.open, clock=clock)
+        """Reviewers' remembered approvals, in this database (`core.sqlstore.remembered`)."""
 
     @property
     def display_url(self) -> str:
@@ -132,6 +135,7 @@ class SqlApprovalStore:
     async def close(self) -> None:
         """Close the connections. The store opens them again if it is used after."""
         await self.sessions.close()
+        await self.remembered.close()
         backend, self._backend = self._backend, None
         if backend is not None:
             with self._errors():

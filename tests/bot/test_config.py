@@ -1331,7 +1331,7 @@ def test_check_config_prints_every_problem_and_fails(tmp_path: Path) -> None:
         f"{path}:5: rules.0.reviewerz: unknown key 'reviewerz'; expected one of: tool, when, "
         "decision, description, reviewers, post_to, allowed_decisions, editable, edit_bounds, "
         "approvals_required, allow_self_approval, timeout, timeout_decision, escalate_after, "
-        "escalate_to",
+        "escalate_to, remember, remember_by",
     ]
 
 
