@@ -1,0 +1,184 @@
+"""OpenAI Agents SDK bridge: a run's pending tool approvals, decided by people through nodbot.
+
+An agent whose tools are declared with `function_tool(needs_approval=True)` stops before it
+calls them: `Runner.run` returns a `RunResult` whose `interruptions` list the calls awaiting
+approval (`ToolApprovalItem`s). `resolve_interruptions` puts each of them to the bot (one
+review per call, keyed by the SDK's native `call_id`), waits until all are decided, takes each
+decision once, records it on the run's `RunState` and returns that state, to resume the run
+with `Runner.run(agent, state)`:
+
+| reviewer | recorded on the state                                  | then                        |
+|----------|--------------------------------------------------------|-----------------------------|
+| approve  | `state.approve(item)`                                  | the tool runs, once         |
+| edit     | `state.reject(item, rejection_message=<edited call>)`  | the model is told the call  |
+|          |                                                        | to make instead (see below) |
+| deny     | `state.reject(item, rejection_message=<the reason>)`   | the model sees the reason   |
+
+```python
+from agents import Agent, Runner, function_tool
+from nodbot.core.bridges.openai_agents import resolve_interruptions
+from nodbot.core.client import ApprovalClient
+
+@function_tool(needs_approval=True)
+def refund(order_id: str, amount: float) -> str:
+    ...
+
+agent = Agent(name="support", tools=[refund])
+
+async with ApprovalClient(url, token=token) as nodbot:
+    result = await Runner.run(agent, "refund order o-7")
+    while result.interruptions:
+        state = await resolve_interruptions(result, nodbot, run_id="support-42", within=3600)
+        result = await Runner.run(agent, state)
+```
+
+`result_or_state` is a `RunResult` (or `RunResultStreaming`), whose `to_state()` is taken once,
+or a `RunState` (for instance one restored with `RunState.from_string`), which is decided in
+place and returned. A state with no pending approvals is returned as it is.
+
+Limits:
+- The SDK cannot change a paused call's arguments. An edit is therefore sent back to the model
+  as a denial naming the edited call (the tool and the edited arguments as JSON, with the
+  reviewer's note); if the model then makes that call, it is a new call and a new review.
+  Reviewers are told so in the review's description.
+- A denial's reason reaches the model as the call's output (`rejection_message`).
+- A call without a native `call_id` is denied by the bridge, with no review. The SDK records
+  no decision for such a call and runs none either (it requires a call id to execute a tool),
+  so a resumed run stops at it again. The SDK makes no such calls itself: they come only from
+  states built or edited by hand.
+- A call whose arguments are not a JSON object (or that has none to show, as some hosted
+  and shell tool calls) is denied by the bridge, with no review.
+- Right before it records the decisions, the bridge checks that the state's pending approvals
+  are still exactly the reviewed ones (same call ids, tools and arguments); if the state was
+  resumed or changed meanwhile it raises `StaleResume` and records nothing (the decisions are
+  spent then, and asking about those calls again opens new reviews).
+- Only per-call decisions are the bridge's: do not use `always_approve` / `always_reject` on
+  a state you resolve this way, since such a decision is not a reviewer's.
+- A decision answers one call once: resolving the same result again opens new reviews.
+- Reviewers get a typed edit form for the agent's own `FunctionTool`s; other tools (MCP, hosted)
+  are reviewed without a schema.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from agents import FunctionTool, RunResult, RunResultStreaming, RunState, ToolApprovalItem
+from agents.exceptions import ModelBehaviorError
+
+from nodbot.core.bridges.common import PendingCall, Resolution, Reviews, StaleResume, resolve_calls
+
+__all__ = ["EDIT_NOTICE", "resolve_interruptions"]
+
+EDIT_NOTICE = "edits are sent back to the agent as a denial naming the edited call"
+"""The description of every review: the SDK cannot run a paused call with other arguments."""
+
+_EDITED = (
+    "The reviewer did not approve this call as made, so it did not run: they edited it. "
+    "To go ahead, call `{tool}` with these arguments: {arguments}"
+)
+_DENIED = "The reviewer denied this call, so it did not run."
+_NOT_AN_OBJECT = "the call's arguments are not a JSON object: denied by the bridge"
+
+_Identity = tuple[str | None, str | None, str | None, str | None]
+
+
+async def resolve_interruptions(
+    result_or_state: RunResult | RunResultStreaming | RunState[Any],
+    reviews: Reviews,
+    *,
+    run_id: str,
+    within: float,
+    requested_by: str | None = None,
+) -> RunState[Any]:
+    """Review every pending tool approval of `result_or_state` through `reviews` (as run
+    `run_id`, waiting at most `within` seconds in all), record each decision on the run's state
+    and return that state, to resume with `Runner.run(agent, state)`.
+
+    Raises `StaleResume` when the state's pending approvals changed while they were reviewed
+    (nothing is recorded then), and `core.client.DecisionTimeout` when some are not decided
+    in time (none is taken then: asking again later finds the same reviews)."""
+    state = result_or_state if isinstance(result_or_state, RunState) else result_or_state.to_state()
+    items = state.get_interruptions()
+    if not items:
+        return state
+    reviewed = [_identity(item) for item in items]
+    calls = [_pending_call(item) for item in items]
+    asked = [call for call in calls if call is not None]
+    resolutions = iter(
+        await resolve_calls(reviews, run_id, asked, within=within, requested_by=requested_by)
+    )
+    current = state.get_interruptions()
+    if [_identity(item) for item in current] != reviewed:
+        raise StaleResume(
+            f"run {run_id!r}: the run's pending tool approvals changed while they were "
+            "reviewed (it was resumed or altered meanwhile); its decisions are not recorded"
+        )
+    # No await from the check to the end: nothing can change the state in between.
+    for item, call in zip(current, calls, strict=True):
+        if call is None:
+            _reject(state, item, _NOT_AN_OBJECT)
+        else:
+            _record(state, item, next(resolutions))
+    return state
+
+
+def _record(state: RunState[Any], item: ToolApprovalItem, resolution: Resolution) -> None:
+    call = resolution.call
+    if not resolution.approved:
+        _reject(state, item, resolution.message or _DENIED)
+    elif resolution.arguments != call.arguments:
+        edited = _EDITED.format(tool=call.tool, arguments=json.dumps(resolution.arguments))
+        note = f" (the reviewer's note: {resolution.message})" if resolution.message else ""
+        _reject(state, item, edited + note)
+    else:
+        state.approve(item)
+
+
+def _reject(state: RunState[Any], item: ToolApprovalItem, message: str) -> None:
+    try:
+        state.reject(item, rejection_message=message)
+    except ModelBehaviorError:
+        if _call_id(item) is not None:
+            raise
+        # The SDK records no decision for a call without a call id, and never runs one.
+
+
+def _pending_call(item: ToolApprovalItem) -> PendingCall | None:
+    """The call as reviewers see it; None when its arguments are not a JSON object."""
+    text = item.arguments
+    if text is None:
+        return None  # a call that carries no arguments the reviewer could be shown
+    try:
+        arguments = json.loads(text) if text.strip() else {}
+    except ValueError:
+        return None
+    if not isinstance(arguments, dict):
+        return None
+    return PendingCall(
+        tool=item.tool_name or "",
+        arguments=arguments,
+        call_id=_call_id(item),
+        schema=_schema(item),
+        description=EDIT_NOTICE,
+    )
+
+
+def _call_id(item: ToolApprovalItem) -> str | None:
+    """The raw call's own `call_id` (not the item id the SDK falls back to)."""
+    raw = item.raw_item
+    value = raw.get("call_id") if isinstance(raw, Mapping) else getattr(raw, "call_id", None)
+    return value if isinstance(value, str) and value else None
+
+
+def _schema(item: ToolApprovalItem) -> dict[str, Any] | None:
+    for tool in item.agent.tools:
+        if isinstance(tool, FunctionTool) and tool.name == item.tool_name:
+            return dict(tool.params_json_schema)
+    return None
+
+
+def _identity(item: ToolApprovalItem) -> _Identity:
+    return (_call_id(item), item.tool_name, item.tool_namespace, item.arguments)
