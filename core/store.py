@@ -29,7 +29,6 @@ from typing import Any, Literal, Protocol, TypeAlias, runtime_checkable
 
 from nodbot.core.calls import new_id
 from nodbot.core.decisions import Decision, ToolInterrupt
-from nodbot.core.remembered import MemoryRememberedApprovals
 from nodbot.core.errors import (
     ApprovalAlreadyConsumed,
     ApprovalAlreadyDecided,
@@ -39,6 +38,7 @@ from nodbot.core.errors import (
     ApprovalNotFound,
     InvalidDecisionError,
 )
+from nodbot.core.remembered import MemoryRememberedApprovals
 
 __all__ = [
     "ALREADY_VOTED",
