@@ -6,9 +6,11 @@ import argparse
 import asyncio
 import contextlib
 import json
+import os
+import shlex
 import sys
 from collections.abc import Sequence
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from nodbot.bot.approvals_cli import add_approvals_commands, run_approvals_command
 from nodbot.bot.audit_cli import add_audit_commands, key_from_environment, run_audit_command
@@ -106,7 +108,126 @@ def build_parser() -> argparse.ArgumentParser:
     add_audit_commands(commands)
     add_sessions_commands(commands)
     add_init_command(commands)
+    _add_mcp_command(commands)
     return parser
+
+
+MCP_DEFAULT_BOT = "http://127.0.0.1:8080"
+MCP_DEFAULT_TIMEOUT = 3600.0
+
+
+def _command_words(text: str) -> list[str]:
+    """A command line, split as a POSIX shell would (no shell runs it)."""
+    try:
+        words = shlex.split(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"{exc} in {text!r}") from None
+    if not words:
+        raise argparse.ArgumentTypeError("the command is empty")
+    return words
+
+
+def _host_port(text: str) -> tuple[str, int]:
+    """HOST:PORT, the host maybe in brackets (IPv6)."""
+    host, _, port = text.rpartition(":")
+    host = host.strip("[]")
+    if not host:
+        raise argparse.ArgumentTypeError(f"HOST:PORT is needed, e.g. 127.0.0.1:8765, not {text!r}")
+    return host, port_number(port)
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"a number of seconds above 0 is needed, not {text!r}")
+    return value
+
+
+def _add_mcp_command(commands: Any) -> None:
+    """`nodbot mcp`: the MCP gateway (`bot/mcp_gateway.py`)."""
+    mcp = commands.add_parser(
+        "mcp",
+        help="an MCP server whose every tools/call waits for the bot's rules",
+        description="An MCP server (stdio, or streamable HTTP with --http) in front of an "
+        "upstream MCP server or a ToolRegistry: its tools pass through unchanged, and each "
+        "tools/call is put to the bot's rules (a person reviews it when they say so) and "
+        "runs once, as decided. Give exactly one of --upstream-command, --upstream-url, "
+        "--tools.",
+    )
+    mcp.add_argument(
+        "--upstream-command",
+        type=_command_words,
+        metavar="CMD",
+        help='an MCP server to start and talk to over stdio, e.g. "python -m shop.server"',
+    )
+    mcp.add_argument("--upstream-url", metavar="URL", help="an MCP server over streamable HTTP")
+    mcp.add_argument(
+        "--tools",
+        metavar="MODULE:NAME",
+        help="a nodbot ToolRegistry to serve and run in this process, e.g. shop.tools:registry",
+    )
+    mcp.add_argument(
+        "--bot",
+        default=MCP_DEFAULT_BOT,
+        metavar="URL",
+        help=f"the bot serving the approval request API (default: {MCP_DEFAULT_BOT})",
+    )
+    mcp.add_argument(
+        "--token-env",
+        default="NODBOT_TOKEN",
+        metavar="NAME",
+        help="the environment variable holding the bot's bearer token, with the scope "
+        "approvals:request (default: NODBOT_TOKEN)",
+    )
+    mcp.add_argument(
+        "--run-id", metavar="ID", help="the run of every call (default: one per MCP session)"
+    )
+    mcp.add_argument(
+        "--timeout",
+        type=_seconds,
+        default=MCP_DEFAULT_TIMEOUT,
+        metavar="SECONDS",
+        help="how long a call waits for its decision; then it fails and nothing runs "
+        f"(default: {MCP_DEFAULT_TIMEOUT:g})",
+    )
+    mcp.add_argument(
+        "--http",
+        type=_host_port,
+        metavar="HOST:PORT",
+        help="serve streamable HTTP at http://HOST:PORT/mcp instead of stdio (port 0 picks one)",
+    )
+    mcp.add_argument(
+        "--client-approval",
+        action="store_true",
+        help="opt-in: the MCP client's user approves each call (MCP elicitation) instead of "
+        "the bot; this hands the control to whoever drives the client",
+    )
+
+
+def _mcp_mistake(arguments: argparse.Namespace) -> str | None:
+    """`mcp`: what is wrong with its command line, or None."""
+    given = [
+        option
+        for option, value in (
+            ("--upstream-command", arguments.upstream_command),
+            ("--upstream-url", arguments.upstream_url),
+            ("--tools", arguments.tools),
+        )
+        if value is not None
+    ]
+    if not given:
+        return "say what to serve: --upstream-command, --upstream-url or --tools"
+    if len(given) > 1:
+        return f"serve one thing: {' and '.join(given)} were both given"
+    if not arguments.client_approval and not os.environ.get(arguments.token_env):
+        return (
+            f"the environment variable {arguments.token_env} holds no token of the bot: set "
+            "it, or name another with --token-env"
+        )
+    return None
 
 
 async def _migrate(url: str, key_env: str | None) -> str:
@@ -189,6 +310,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     if arguments.command is None:
         parser.print_help(sys.stdout)
         return 0
+    if arguments.command == "mcp":
+        mistake = _mcp_mistake(arguments)
+        if mistake is not None:
+            parser.exit(USAGE_ERROR, f"nodbot mcp: error: {mistake} (see nodbot mcp --help)\n")
+        try:  # imported here: the gateway needs the optional `mcp` extra
+            from nodbot.bot.mcp_gateway import run_mcp_command
+        except ImportError as exc:
+            print(f"nodbot mcp: {exc}", file=sys.stderr)
+            return 1
+        return run_mcp_command(arguments)
     if arguments.command == "check-config":
         return _check_config(arguments.file)
     try:
