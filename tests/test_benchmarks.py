@@ -22,6 +22,20 @@ def test_the_bot_benchmark_runs_and_reports_every_figure() -> None:
         assert figure in done.stdout, done.stdout
 
 
+def test_the_request_api_benchmark_runs_and_reports_every_figure() -> None:
+    command = [sys.executable, "bench/requests.py", "--round-trips", "4", "--concurrency", "2"]
+    command += ["--rounds", "1"]
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    for figure in (
+        "[reviewed] request -> decided -> consumed =",
+        "[ruled] request -> decided -> consumed =",
+        "ms per round trip",
+        "awaithumans",
+    ):
+        assert figure in done.stdout, done.stdout
+
+
 def test_the_slack_benchmark_runs_and_reports_every_figure() -> None:
     command = [sys.executable, "bench/slack.py", "--runs", "2", "--posts", "2"]
     done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=120)
