@@ -227,9 +227,17 @@ def _listen(host: str, port: int, config_file: str, *, given: str | None) -> soc
     """A socket bound to `host`:`port`, listening; bound here rather than by uvicorn so that a
     port in use is said in one line naming it and how to pick another."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    # IPPROTO_TCP said outright: asyncio turns on TCP_NODELAY only for accepted sockets whose
+    # protocol says TCP, and `socket.create_server` leaves it 0. Without it, each response
+    # after the first on a kept-alive connection waits out the client's delayed ACK (~40 ms).
+    listening = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     try:
-        return socket.create_server((host, port), family=family, backlog=2048)
+        listening.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listening.bind((host, port))
+        listening.listen(2048)
+        return listening
     except OSError as exc:
+        listening.close()
         where = given or f"server.port of {config_file}"
         why = "is in use" if exc.errno == errno.EADDRINUSE else f"cannot be used ({exc.strerror})"
         raise CannotListen(

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import socket
 import subprocess
 import time
 from collections.abc import AsyncIterator
@@ -15,6 +16,7 @@ from typing import Any
 import httpx
 import pytest
 
+from nodbot.bot.serve import _listen
 from tests.bot.processes import Running, nodbot_serve
 from tests.bot.test_cli import nodbot
 from tests.bot.webhook_receiver import SECRET as RECEIVER_SECRET
@@ -385,3 +387,17 @@ async def test_a_client_can_wait_for_a_run_without_polling(served: Running) -> N
             answer = await client.get(show, params={"wait": wrong}, headers=as_("lead"))
             assert answer.status_code == 422, wrong
             assert answer.json()["details"]["errors"][0]["field"] == "wait"
+
+
+def test_the_bots_connections_send_at_once() -> None:
+    """The bot's listening socket says TCP, so every connection accepted from it does, and
+    asyncio turns on TCP_NODELAY for it (for no other socket): a kept-alive client's second
+    request is then not held back ~40 ms by its delayed ACK."""
+    listening = _listen("127.0.0.1", 0, "nodbot.yml", given=None)
+    try:
+        client = socket.create_connection(listening.getsockname()[:2])
+        accepted, _ = listening.accept()
+        with client, accepted:
+            assert accepted.proto == socket.IPPROTO_TCP
+    finally:
+        listening.close()
