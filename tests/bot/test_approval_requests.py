@@ -118,6 +118,22 @@ async def test_a_reviewed_call_is_decided_and_handed_out_once(client: httpx.Asyn
     )
     with pytest.raises(InvalidApprovalToken, match="other arguments"):
         token.check(run_id="thread-7", call_id="call_1", tool="refund", arguments={"amount": 5})
+    original = {"order_id": "o-1", "amount": 120}
+    # An edit naming another tool, another call or another run: the token answers none.
+    for other, field in (
+        ({"tool": "delete_account"}, "tool"),
+        ({"call_id": "call_2"}, "call id"),
+        ({"run_id": "thread-8"}, "run"),
+    ):
+        where = {"run_id": "thread-7", "call_id": "call_1", "tool": "refund", **other}
+        with pytest.raises(InvalidApprovalToken, match=f"is for {field}"):
+            token.check(**where, arguments=original)
+    with pytest.raises(InvalidApprovalToken, match="not the ones decided"):
+        token.check(
+            run_id="thread-7", call_id="call_1", tool="refund", arguments=original, final=original
+        )
+    with pytest.raises(InvalidApprovalToken, match="no native call id"):
+        token.check(run_id="thread-7", call_id=None, tool="refund", arguments=original)
     with pytest.raises(InvalidApprovalToken, match="not issued to this client"):
         ApprovalToken.verify(consumed["token"], token_key("someone-else's-token-000000"))
 
