@@ -196,6 +196,7 @@ class EmailChannel:
             "editable": editable,
             "can_edit": can_edit,
             "links": self._links(delivery.address, record, token, allowed, can_edit),
+            "remember": _remembering(policy) if "approve" in allowed else None,
         }
         message = self._envelope(delivery, token, self._render("request_subject.txt", context))
         message.set_content(self._render("request.txt", context))
@@ -323,6 +324,25 @@ class EmailChannel:
 def _answered(code: int, text: str) -> DeliveryError:
     """The error of an SMTP answer: 5xx will not change (given up), anything else may."""
     return DeliveryError(f"the mail server answered {code} {text}".strip(), permanent=code >= 500)
+
+
+def _remembering(policy: dict[str, Any]) -> str | None:
+    """How long (and for which arguments) an `approve and remember` holds, in words; None
+    when the review's rule remembers nothing."""
+    seconds = policy.get("remember")
+    if not isinstance(seconds, (int, float)) or not policy.get("rule_digest"):
+        return None
+    span = next(
+        (
+            f"{seconds / unit:g} {name}"
+            for unit, name in ((86400, "days"), (3600, "hours"))
+            if seconds >= unit
+        ),
+        f"{seconds / 60:g} minutes",
+    )
+    names = policy.get("remember_by")
+    which = f" to the same {', '.join(map(str, names))}" if isinstance(names, list) else ""
+    return f"approves later identical calls{which} for {span}"
 
 
 def _shown(arguments: dict[str, Any]) -> list[tuple[str, str]]:

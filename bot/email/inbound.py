@@ -33,10 +33,20 @@ from typing import Any, Literal
 from nodbot.bot.authorize import AuthorizeDecision
 from nodbot.bot.config import EmailConfig
 from nodbot.bot.email.answers import Answers
-from nodbot.bot.email.reading import Deny, Edit, Refused, Unclear, command, reply_text, screen
+from nodbot.bot.email.reading import (
+    Approve,
+    Deny,
+    Edit,
+    Refused,
+    Unclear,
+    command,
+    reply_text,
+    screen,
+)
 from nodbot.bot.email.reading import sender as sender_of
 from nodbot.bot.email.tokens import TOKEN_LENGTH, InvalidToken, ReplyTokens
 from nodbot.bot.forms import FIELD_PREFIX, edit_fields, parse_edit, reason_too_long
+from nodbot.bot.remember import NOT_REMEMBERED, remember_decision, scope_of
 from nodbot.core import (
     ApprovalAlreadyDecided,
     ApprovalAlreadyVoted,
@@ -197,6 +207,7 @@ class Inbound:
         refuse.said = (
             "deny" if isinstance(said, Deny) else "edit" if isinstance(said, Edit) else "approve"
         )
+        refuse.remember = isinstance(said, Approve) and said.remember
         decision = self._decision(said, record, address)
         if isinstance(decision, str):
             return await refuse(decision)
@@ -234,9 +245,12 @@ class Inbound:
         return False
 
     def _schema(self, record: ApprovalRecord) -> dict[str, Any] | None:
+        """The arguments' schema: the bot's own tool's, else the one the caller of an
+        external tool sent (`POST /approvals`), else None (edits cannot be checked)."""
         tool = record.request.tool
         if tool not in self.registry:
-            return None
+            schema = record.request.policy.get("schema")
+            return schema if isinstance(schema, dict) else None
         return self.registry.get(tool).model.model_json_schema()
 
     def _editable(self, record: ApprovalRecord) -> Sequence[str]:
@@ -255,6 +269,8 @@ class Inbound:
                 return too_long
             return Decision(approved=False, reason=said.reason, decided_by=address)
         if not isinstance(said, Edit):
+            if said.remember and scope_of(record.request) is None:
+                return NOT_REMEMBERED
             return Decision(approved=True, decided_by=address)
         schema = self._schema(record)
         if schema is None:
@@ -298,6 +314,8 @@ class Inbound:
             return await refuse(f"the edited arguments are not valid for the tool: {wrong}")
         except UnknownToolError as exc:
             return await refuse(f"edits of {exc.tool} cannot be checked here")
+        if refuse.remember and decided.status == "approved":
+            await remember_decision(self.store, decided, person=person)
         if self.on_decided is not None:
             self.on_decided()  # the run may go on
         return Outcome("decided", None, decided.approval_id, refuse.message_id, decided)
@@ -318,6 +336,8 @@ class _Refuser:
         """The sender is the token's reviewer, authenticated: an answer may go to them."""
         self.said: str | None = None
         """The command the reply gave: approve, deny or edit."""
+        self.remember = False
+        """The reply said `approve and remember`."""
 
     async def __call__(self, reason: str) -> Outcome:
         approval_id = self.record.approval_id

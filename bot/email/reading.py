@@ -410,6 +410,9 @@ def _html_text(html: str) -> str:
 class Approve:
     """The reviewer approves the call as it is."""
 
+    remember: bool = False
+    """`approve and remember`: later identical calls under a rule with `remember:` are
+    approved at once as this decision (`bot.remember`)."""
     kind: Literal["approve"] = "approve"
 
 
@@ -519,10 +522,13 @@ def _command_word(line: str, first: str) -> str | None:
 
 
 def _approve(rest: str) -> Approve | Unclear:
+    if " ".join(rest.lower().rstrip(".!,; ").split()) == "and remember":
+        return Approve(remember=True)
     if rest.rstrip(".!,; "):
         return Unclear(
             "approve_text",
-            f'"approve" takes nothing after it on its line (found {rest[:60]!r}). {_HOW}',
+            f'"approve" takes nothing after it on its line but "and remember" (found '
+            f"{rest[:60]!r}). {_HOW}",
         )
     return Approve()
 

@@ -310,3 +310,13 @@ async def test_strangers_and_automatic_messages_get_no_answer(bot: Bot) -> None:
     await answer_to(bot, genuine, "ana@example.com")
     answered = [r for r in bot.mail.received if r.message["Auto-Submitted"] == "auto-replied"]
     assert len(answered) == 1
+
+
+async def test_approve_and_remember_under_a_rule_without_remember_decides_nothing(
+    bot: Bot,
+) -> None:
+    approval_id, emailed = await bot.pending()
+    raw = reply(emailed["ana@example.com"], sender="ana@example.com", text="approve and remember")
+    outcome = (await bot.post(raw)).json()
+    assert outcome["status"] == "refused" and "does not remember" in outcome["reason"]
+    assert (await bot.approval(approval_id))["status"] == "pending"
