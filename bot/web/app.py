@@ -8,7 +8,10 @@
 | `GET /inbox`                           | the pending approvals this reviewer may decide,    |
 |                                        | then the recently decided ones                     |
 | `GET /inbox/approvals/{id}`            | one approval, its events and the decision forms    |
-| `POST /inbox/approvals/{id}/decide`    | approve, edit or deny (form-encoded)               |
+| `POST /inbox/approvals/{id}/decide`    | approve, edit or deny (form-encoded); an approve   |
+|                                        | with `remember=yes` is remembered too              |
+| `GET /inbox/remembered`                | the live remembered approvals this reviewer made   |
+| `POST /inbox/remembered/{id}/forget`   | forgets one of them, 303 back to the list          |
 | `POST /inbox/logout`                   | ends the session, in the store                     |
 | `GET /inbox/signed-out`                | says so, after a sign-out                          |
 
@@ -17,6 +20,19 @@ never posts the form again. An approve of a destructive tool (`effects="destruct
 tool this bot does not have, as in Slack) is first sent to a confirmation step
 (`?confirm=approve`) and recorded only when its form says `confirm=yes`. Times are said
 relative to the inbox's clock ("in 14 min"), the exact time in the tag's `title`.
+
+Where the call's rule has `remember:` (`bot.remember`), the approve form also offers
+"Approve and remember" (`remember=yes`, kept through the confirmation step): the approval is
+recorded as any other, then remembered as the API's `remember: true` does, so that a later
+identical call (its `remember_by` arguments) is approved at once as this reviewer's decision.
+A `remember` on a rule without `remember:`, or with an edit or a deny, is refused (422) and
+records nothing. `/inbox/remembered` lists the live ones the signed-in reviewer made (by
+handle, or as the same person through `People`), each with a Forget button; anyone else's is
+answered as an unknown id (404), and a session limited to one approval may open neither.
+
+The edit form is built from the tool's model for the tools this bot has, and for a tool that
+runs elsewhere from the JSON schema its caller sent with `POST /approvals` (`policy["schema"]`),
+against which `Executor.decide` checks the edit.
 
 An approval is shown (and decided) only to those who may see it (`WebInbox._may_see`): its
 reviewers as the rule has them, its requester, and whoever voted on it or decided it; to
@@ -78,6 +94,7 @@ from nodbot.bot.http import AuthorizeDecision
 from nodbot.bot.http.approvals import refuse_self_approval
 from nodbot.bot.people import IdentityUnavailable, People
 from nodbot.bot.policy import SELF_APPROVAL_REASON, rule_refusal
+from nodbot.bot.remember import NOT_REMEMBERED, remember_decision, remembered_of, scope_of
 from nodbot.bot.service import BotService
 from nodbot.bot.web.signing import ReviewLink, Session, Signer, TokenError, link_for
 from nodbot.core import (
@@ -101,6 +118,7 @@ from nodbot.core import (
     ToolRegistry,
     UnknownToolError,
 )
+from nodbot.core.remembered import RememberedApproval, RememberedNotFound
 from nodbot.core.store import SessionRevocations
 
 __all__ = ["CHANNEL", "COOKIE", "WebInbox"]
@@ -225,6 +243,12 @@ class WebInbox:
                 self._page(self.decide),
                 methods=["POST"],
             ),
+            Route("/inbox/remembered", self._page(self.remembered), methods=["GET"]),
+            Route(
+                "/inbox/remembered/{remember_id}/forget",
+                self._page(self.forget),
+                methods=["POST"],
+            ),
         ]
 
     # --- pages ------------------------------------------------------------------------------
@@ -331,7 +355,13 @@ class WebInbox:
         confirming = request.query_params.get("confirm") == "approve"
         asked = request.query_params.get("action")
         chosen = next((action for action in ACTIONS if action == asked), None)
-        return await self._approval_page(session, record, confirming=confirming, chosen=chosen)
+        return await self._approval_page(
+            session,
+            record,
+            confirming=confirming,
+            chosen=chosen,
+            remembering=request.query_params.get("remember") == "yes",
+        )
 
     async def decide(self, request: Request) -> Response:
         session = await self._session(request)
@@ -348,6 +378,9 @@ class WebInbox:
                 f"The form asked for {action!r}; a decision is approve, edit or deny.",
                 approval_id=record.approval_id,
             )
+        remember = form.get("remember")
+        if remember is not None:
+            self._check_remember(record, action, remember)
         evidence = {"session": _session_ref(session)}
         if session.only is not None:
             evidence["via"] = "email link"
@@ -402,11 +435,13 @@ class WebInbox:
             votes = await self._votes(record)
             if any(_is_voter(e, who, verdict.person) for e in votes):
                 raise _already_voted(record.approval_id)
+            again = "&remember=yes" if remember is not None else ""
             return RedirectResponse(
-                f"/inbox/approvals/{quote(record.approval_id)}?confirm=approve", status_code=303
+                f"/inbox/approvals/{quote(record.approval_id)}?confirm=approve{again}",
+                status_code=303,
             )
         try:
-            await self.executor.decide(
+            decided = await self.executor.decide(
                 record.approval_id,
                 decision,
                 decided_by=who,
@@ -442,7 +477,50 @@ class WebInbox:
         self.counters["decisions"] += 1
         if self.service is not None:
             self.service.decided()  # the run may be ready to go on
+        if remember is not None and decided.status == "approved":
+            await self._remember(decided, verdict.person)
         return RedirectResponse(f"/inbox/approvals/{quote(record.approval_id)}", status_code=303)
+
+    async def remembered(self, request: Request) -> Response:
+        session = await self._session(request)
+        _within(session, None)
+        kept = remembered_of(self.store)
+        mine: list[RememberedApproval] = []
+        if kept is not None:
+            person = await self._person_of(session.principal)
+            mine = [
+                found
+                for found in await kept.list(live=True)
+                if _made_by(found, session.principal, person)
+            ]
+        return self._render(
+            "remembered.html", 200, session, remembered=mine, kept_here=kept is not None
+        )
+
+    async def forget(self, request: Request) -> Response:
+        session = await self._session(request)
+        _within(session, None)
+        form = await _form(request)
+        self._check_csrf(session, form)
+        who = session.principal
+        remember_id = request.path_params["remember_id"]
+        kept = remembered_of(self.store)
+        if kept is None:
+            raise _not_remembered(remember_id)
+        person = await self._person_of(who)
+        found = next((k for k in await kept.list(live=False) if k.remember_id == remember_id), None)
+        if found is None or not _made_by(found, who, person):
+            # Someone else's is answered as one that does not exist: its existence is not told.
+            raise _not_remembered(remember_id)
+        try:
+            await kept.forget(remember_id, by=who)
+        except RememberedNotFound:
+            raise _not_remembered(remember_id) from None
+        log.info(
+            "remembered approval forgotten in the web inbox",
+            extra={"remember_id": remember_id, "approval_id": found.approval_id, "by": who},
+        )
+        return RedirectResponse("/inbox/remembered", status_code=303)
 
     # --- helpers ----------------------------------------------------------------------------
 
@@ -457,8 +535,10 @@ class WebInbox:
         problem: str | None = None,
         confirming: bool = False,
         chosen: Action | None = None,
+        remembering: bool = False,
     ) -> Response:
-        """The approval's page; `chosen` (a review link's decision) picks its form out."""
+        """The approval's page; `chosen` (a review link's decision) picks its form out, and
+        `remembering` keeps an "approve and remember" through the confirmation step."""
         who = session.principal
         events = await self.store.events(record.approval_id)
         voted = [e for e in events if e.kind == "voted"]
@@ -480,6 +560,7 @@ class WebInbox:
             }
             for name, value in record.request.arguments.items()
         ]
+        remember = self._remember_offer(record)
         return self._render(
             "approval.html",
             status,
@@ -501,7 +582,78 @@ class WebInbox:
             confirming=confirming and actions.get("approve", "") is None,
             chosen=chosen if chosen is not None and actions.get(chosen, "") is None else None,
             result=await self._result(record) if record.finished else None,
+            remember=remember,
+            remembering=remembering and remember is not None,
+            remembered=await self._remembered_from(record) if remember is not None else None,
         )
+
+    def _remember_offer(self, record: ApprovalRecord) -> dict[str, Any] | None:
+        """What "approve and remember" would keep (for how many seconds, and the arguments
+        it is scoped to, None: all), or None where the rule remembers nothing."""
+        if scope_of(record.request) is None or remembered_of(self.store) is None:
+            return None
+        policy = record.request.policy
+        by = policy.get("remember_by")
+        return {
+            "seconds": float(policy["remember"]),
+            "by": [str(name) for name in by] if isinstance(by, list) else None,
+        }
+
+    async def _remembered_from(self, record: ApprovalRecord) -> RememberedApproval | None:
+        """The live remembered approval made in the review of `record`, if any."""
+        kept = remembered_of(self.store)
+        if kept is None or record.status != "approved":
+            return None
+        found = [k for k in await kept.list(live=True) if k.approval_id == record.approval_id]
+        return found[0] if found else None
+
+    def _check_remember(self, record: ApprovalRecord, action: str, remember: str) -> None:
+        """Refuse a `remember` this decision cannot have, before anything is recorded.
+        Raises `PageError` 422."""
+        why: str | None = None
+        if remember != "yes":
+            why = f"The form asked to remember {remember[:40]!r}; only yes is understood."
+        elif action != "approve":
+            why = (
+                "Only an approve is remembered: use Approve and remember, or decide without "
+                "remembering."
+            )
+        elif self._remember_offer(record) is None:
+            why = f"{NOT_REMEMBERED[0].upper()}{NOT_REMEMBERED[1:]}."
+        if why is not None:
+            raise PageError(
+                422,
+                "Not remembered",
+                f"{why} Nothing was recorded.",
+                approval_id=record.approval_id,
+            )
+
+    async def _remember(self, decided: ApprovalRecord, person: str | None) -> None:
+        """Remember the approval just recorded. Raises `PageError` when it cannot be: the
+        approval stands, and later calls are reviewed as before."""
+        try:
+            kept = await remember_decision(self.store, decided, person=person)
+        except (ValueError, StoreError) as exc:
+            log.warning("approval %s was not remembered: %s", decided.approval_id, exc)
+            raise PageError(
+                503,
+                "Approved, not remembered",
+                "Your approval was recorded, but it could not be remembered now; later "
+                "identical calls are reviewed as before.",
+                approval_id=decided.approval_id,
+            ) from None
+        log.info(
+            "approval remembered",
+            extra={"approval_id": decided.approval_id, "remember_id": kept.remember_id},
+        )
+
+    async def _person_of(self, who: str) -> str | None:
+        """The key of the person `who` stands for; None when it cannot be told now (their
+        other handles are then not trusted to be theirs)."""
+        try:
+            return (await self.people.person(who)).key
+        except IdentityUnavailable:
+            return None
 
     def _destructive(self, record: ApprovalRecord) -> bool:
         """Whether an approve asks to confirm first: the tool says it changes things that may
@@ -559,14 +711,20 @@ class WebInbox:
         }
 
     def _fields(self, record: ApprovalRecord) -> list[EditField]:
-        """The edit form's inputs; none for a tool this bot does not have."""
+        """The edit form's inputs: from the tool's model, or for a tool this bot does not
+        have from the schema its caller sent (`policy["schema"]`); none without either."""
         tool = record.request.tool
-        if tool not in self.registry:
-            return []
-        if tool not in self._schemas:  # built once per tool: a schema is not cheap to make
-            self._schemas[tool] = self.registry.get(tool).model.model_json_schema()
+        if tool in self.registry:
+            if tool not in self._schemas:  # built once per tool: a schema is not cheap to make
+                self._schemas[tool] = self.registry.get(tool).model.model_json_schema()
+            schema = self._schemas[tool]
+        else:
+            sent = record.request.policy.get("schema")
+            if not isinstance(sent, dict):
+                return []
+            schema = _sent_schema(sent)
         editable = record.request.policy.get("editable")
-        return edit_fields(self._schemas[tool], record.request.arguments, editable)
+        return edit_fields(schema, record.request.arguments, editable)
 
     async def _actions(
         self, who: str, record: ApprovalRecord
@@ -842,6 +1000,49 @@ def _within(session: Session, approval_id: str | None) -> None:
 
 def _not_found(approval_id: str) -> PageError:
     return PageError(404, "No such approval", f"No approval has the id {approval_id!r}.")
+
+
+def _not_remembered(remember_id: str) -> PageError:
+    return PageError(
+        404,
+        "No such remembered approval",
+        f"None of your remembered approvals has the id {remember_id!r}; nothing was forgotten.",
+    )
+
+
+def _made_by(kept: RememberedApproval, who: str, person: str | None) -> bool:
+    """Whether `who` (the person `person`, when known) made the remembered approval."""
+    return kept.decided_by.lower() == who.lower() or (person is not None and kept.person == person)
+
+
+def _sent_schema(schema: dict[str, Any]) -> dict[str, Any]:
+    """A caller's schema of the arguments with only what the edit form can read: property
+    and definition nodes that are objects, and variants (`anyOf`, `oneOf`) that are lists
+    of objects. It came with the request, from the agent's side, and is not trusted."""
+
+    def usable(node: Any) -> bool:
+        if not isinstance(node, dict):
+            return False
+        return all(
+            isinstance(node.get(key, []), list)
+            and all(isinstance(item, dict) for item in node.get(key, []))
+            for key in ("anyOf", "oneOf")
+        )
+
+    properties = schema.get("properties")
+    defs = schema.get("$defs")
+    return {
+        "properties": {
+            str(name): node
+            for name, node in (properties.items() if isinstance(properties, dict) else ())
+            if usable(node)
+        },
+        "$defs": {
+            str(name): node
+            for name, node in (defs.items() if isinstance(defs, dict) else ())
+            if usable(node)
+        },
+    }
 
 
 def _already_decided(approval_id: str, decided_by: str | None) -> PageError:
