@@ -12,7 +12,9 @@ message is posted once: a user group's delivery turns into one delivery per memb
 then. Once the review is decided, from whichever channel, one delivery (`slack:messages`)
 updates every message posted for it with `chat.update`: buttons gone, the outcome, who
 decided and when, the edited arguments. `chat.update` can be repeated safely, so a retry
-after a partial failure updates again rather than posting twice. When the run finishes, one
+after a partial failure updates again rather than posting twice; a review approved with
+"Approve & remember" says until when it is remembered (the update waits a little for the
+remembered approval to be recorded, which follows the decision). When the run finishes, one
 delivery (`answer`) replies with its answer in the thread of each message.
 
 Each message is posted once, however often its delivery is tried (`bot/slack/once.py`): a
@@ -32,7 +34,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping, Sequence
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from aiohttp import ClientError
@@ -47,8 +49,10 @@ from slack_sdk.web.async_client import AsyncWebClient
 from nodbot.bot.config import SlackConfig, parse_reviewer
 from nodbot.bot.config.values import Reviewer
 from nodbot.bot.outbox import DeliveryError, Moment, OutboxStore, retry_after
+from nodbot.bot.remember import remembered_of, scope_of
 from nodbot.bot.slack.directory import Directory
 from nodbot.bot.slack.messages import (
+    ACTION_APPROVE_REMEMBER,
     Rendered,
     answer_text,
     decided_message,
@@ -57,6 +61,7 @@ from nodbot.bot.slack.messages import (
 )
 from nodbot.bot.slack.once import Part, Progress, Unreadable, find_in_history, find_in_thread, tag
 from nodbot.core import ApprovalRecord, Delivery, NewDelivery, ToolRegistry
+from nodbot.core.store import utc_now
 
 __all__ = ["MESSAGES_TARGET", "SlackChannel", "messages_of", "places", "slack_client"]
 
@@ -86,6 +91,10 @@ PERMANENT_ERRORS = frozenset(
     }
 )
 """Answers that trying again will not change: the delivery is given up (and logged)."""
+
+REMEMBER_WAIT = timedelta(seconds=30)
+"""How long after an "Approve & remember" the update of its messages waits for the
+remembered approval to be recorded; past that, they show the approval only."""
 
 
 def slack_client(config: SlackConfig) -> AsyncWebClient:
@@ -293,7 +302,7 @@ class SlackChannel:
         messages = [message for d in posts for message in messages_of(d.ref)]
         if any(d.status == "due" for d in posts if d.due_at <= (record.decided_at or d.due_at)):
             raise DeliveryError("a request of this review is not posted yet", retry_after=1)
-        rendered = decided_message(record)
+        rendered = decided_message(record, remembered_until=await self._remembered_until(record))
         for message in messages:
             await self.client.chat_update(
                 channel=message["channel"],
@@ -302,6 +311,31 @@ class SlackChannel:
                 blocks=rendered.blocks,
             )
         return {"updated": len(messages)}
+
+    async def _remembered_until(self, record: ApprovalRecord) -> datetime | None:
+        """Until when the approval of `record` is remembered; None when it is not (or no
+        longer). Raises `DeliveryError` (to try again soon) while a remember asked for in
+        Slack is not recorded yet."""
+        kept = remembered_of(self.store)
+        scope = scope_of(record.request)
+        decision = record.decision
+        if kept is None or scope is None or decision is None or not decision.approved:
+            return None
+        found = await kept.find(scope)
+        if found is not None and found.approval_id == record.approval_id:
+            return found.expires_at
+        decided_at = record.decided_at or utc_now()
+        if utc_now() - decided_at < REMEMBER_WAIT and await self._asked_to_remember(record):
+            raise DeliveryError("the remembered approval is not recorded yet", retry_after=1)
+        return None
+
+    async def _asked_to_remember(self, record: ApprovalRecord) -> bool:
+        """Whether the decision was an "Approve & remember" click (its evidence says so)."""
+        for event in await self.store.events(record.approval_id):
+            evidence = event.detail.get("evidence") if event.kind == "decided" else None
+            if isinstance(evidence, dict) and evidence.get("action_id") == ACTION_APPROVE_REMEMBER:
+                return True
+        return False
 
     async def _answer(self, delivery: Delivery, record: ApprovalRecord) -> dict[str, Any]:
         """The run's final answer, in the thread of each message of the review: one reply
@@ -346,7 +380,10 @@ class SlackChannel:
             self.registry.get(record.request.tool) if record.request.tool in self.registry else None
         )
         editable = policy.get("editable")
-        can_edit = tool is not None and record.request.approvals_required == 1 and editable != []
+        # An external tool is edited only when its caller sent the arguments' schema, which
+        # the edit is then checked against.
+        checkable = tool is not None or isinstance(policy.get("schema"), dict)
+        can_edit = checkable and record.request.approvals_required == 1 and editable != []
         # A tool this bot does not have may do anything: it gets the confirmation too.
         destructive = tool is None or tool.effects == "destructive"
         return request_message(record, destructive=destructive, can_edit=can_edit, allowed=allowed)

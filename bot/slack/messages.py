@@ -19,11 +19,13 @@ from typing import Any
 import jinja2
 
 from nodbot.bot.forms import EditField
+from nodbot.bot.remember import scope_of
 from nodbot.bot.slack.text import clip, code, escape, plain, shown_value
 from nodbot.core import ApprovalRecord
 
 __all__ = [
     "ACTION_APPROVE",
+    "ACTION_APPROVE_REMEMBER",
     "ACTION_DENY",
     "ACTION_EDIT",
     "DENY_CALLBACK",
@@ -33,12 +35,15 @@ __all__ = [
     "decided_message",
     "deny_modal",
     "edit_modal",
+    "for_how_long",
     "full_arguments",
+    "remember_confirm",
     "request_message",
     "who",
 ]
 
 ACTION_APPROVE = "nodbot.approve"
+ACTION_APPROVE_REMEMBER = "nodbot.approve_remember"
 ACTION_EDIT = "nodbot.edit"
 ACTION_DENY = "nodbot.deny"
 EDIT_CALLBACK = "nodbot.edit"
@@ -48,6 +53,8 @@ MAX_BLOCKS = 50
 SECTION = 3000
 FIELD = 2000
 HEADER = 150
+CONFIRM = 300
+"""The most characters of a confirm dialog's text."""
 TEXT = 40_000
 THREAD_TEXT = 38_000
 """The full arguments in a thread reply: within `text`'s 40,000 with room to spare."""
@@ -92,6 +99,48 @@ def _when(moment: datetime) -> str:
     return f"<!date^{int(moment.timestamp())}^{{date_short_pretty}} {{time}}|{fallback}>"
 
 
+_UNITS = (("day", 86_400), ("hour", 3_600), ("minute", 60), ("second", 1))
+
+
+def for_how_long(seconds: int) -> str:
+    """A duration in words: `1 day`, `1 hour 30 minutes`."""
+    parts = []
+    for name, size in _UNITS:
+        count, seconds = divmod(seconds, size)
+        if count:
+            parts.append(f"{count} {name}{'' if count == 1 else 's'}")
+    return " ".join(parts) or "0 seconds"
+
+
+def _names(names: Sequence[str]) -> str:
+    """Argument names as code, joined: `to`, `to` and `cc`, `a`, `b` and `c`."""
+    # A backtick in a name would end its code span early.
+    shown = ["`" + escape(clip(name, 100)).replace("`", "'") + "`" for name in names]
+    if len(shown) <= 1:
+        return "".join(shown)
+    return ", ".join(shown[:-1]) + " and " + shown[-1]
+
+
+def remember_confirm(record: ApprovalRecord) -> str | None:
+    """What "Approve & remember" asks to confirm: for how long, and for which arguments;
+    None when the review's rule remembers nothing (no button then)."""
+    request = record.request
+    seconds = request.policy.get("remember")
+    if scope_of(request) is None or not isinstance(seconds, int) or isinstance(seconds, bool):
+        return None
+    names = request.policy.get("remember_by")
+    if not isinstance(names, list):
+        which = "the same arguments"
+    elif names:
+        which = f"the same {_names([str(name) for name in names])}"
+    else:  # remember_by: [] covers every call of the tool
+        which = "any arguments"
+    return (
+        f"Approve this call, and for the next {for_how_long(seconds)} approve at once, as "
+        f"your decision, every call of *{escape(request.tool)}* with {which}."
+    )
+
+
 def _arguments(record: ApprovalRecord) -> tuple[list[str], bool]:
     """One section text per argument, and whether any was cut or left out."""
     shown: list[str] = []
@@ -126,7 +175,8 @@ def request_message(
 ) -> Rendered:
     """The review request: the tool, the rule's description, the arguments, who asked, the
     run, the deadline, and the buttons the rule allows (Approve asks to confirm when the tool
-    is destructive)."""
+    is destructive; "Approve & remember", when the rule remembers, says for how long and for
+    which arguments)."""
     request = record.request
     tool = escape(request.tool)
     description = request.policy.get("description")
@@ -142,6 +192,17 @@ def request_message(
                 "confirm": confirm,
             }
         )
+        remember = remember_confirm(record)
+        if remember is not None:
+            text = f"{confirm} {remember}" if confirm else remember
+            buttons.append(
+                {
+                    "action_id": ACTION_APPROVE_REMEMBER,
+                    "label": "Approve & remember",
+                    "style": "primary",
+                    "confirm": clip(text, CONFIRM),
+                }
+            )
     if "edit" in allowed and can_edit:
         buttons.append({"action_id": ACTION_EDIT, "label": "Edit", "style": None, "confirm": None})
     if "deny" in allowed:
@@ -163,9 +224,11 @@ def request_message(
     return Rendered(text, blocks, cut)
 
 
-def decided_message(record: ApprovalRecord) -> Rendered:
-    """The request after its decision: the outcome, who decided and when, the edited
-    arguments, and no buttons."""
+def decided_message(
+    record: ApprovalRecord, *, remembered_until: datetime | None = None
+) -> Rendered:
+    """The request after its decision: the outcome, who decided and when (and until when the
+    approval is remembered), the edited arguments, and no buttons."""
     decision = record.decision
     request = record.request
     tool = escape(request.tool)
@@ -181,6 +244,11 @@ def decided_message(record: ApprovalRecord) -> Rendered:
     )
     when = _when(record.decided_at) if record.decided_at is not None else "just now"
     outcome = f"*{verb}* by {who(decision.decided_by)}, {when}"
+    if remembered_until is not None:
+        outcome += (
+            f"\nRemembered until {_when(remembered_until)}: the calls it covers are approved "
+            "at once until then."
+        )
     if decision.reason:
         outcome += "\n" + code(decision.reason, SECTION - len(outcome) - 1)
     edited = None

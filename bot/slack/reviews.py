@@ -1,5 +1,5 @@
-"""Decisions made in Slack: the Approve, Edit and Deny buttons and their modals, on a Bolt
-`AsyncApp` that Slack reaches over HTTP (`/slack/events`) or Socket Mode.
+"""Decisions made in Slack: the Approve, Approve & remember, Edit and Deny buttons and their
+modals, on a Bolt `AsyncApp` that Slack reaches over HTTP (`/slack/events`) or Socket Mode.
 
 Every click is answered (`ack`) at once, as Slack requires within 3 seconds. Who may decide is
 the rule's say, kept with the review, checked person by person (`bot.authorize.Authorizer`):
@@ -13,9 +13,11 @@ message (channel and ts), and a modal, which the bot opens from such a click, ke
 message in its metadata and is checked again on submission. Anyone refused gets an
 ephemeral message, and the refused attempt goes to the review's events with the clicker's
 person and the click's evidence. A decision is recorded through `Executor.decide` (an edit
-is validated with the tool's model first), with `decided_by` the Slack user id, the person
-and the click's evidence, channel `slack`; the workers are woken, the run goes on, and the
-outbox updates the messages.
+is validated with the tool's model first, or for an external tool with the schema its
+caller sent), with `decided_by` the Slack user id, the person and the click's evidence,
+channel `slack`; the workers are woken, the run goes on, and the outbox updates the
+messages. "Approve & remember" approves the same way, then remembers the approval
+(`bot.remember`); a click of it on a review whose rule remembers nothing decides nothing.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import re
 import time
 from collections.abc import Callable
 from typing import Any
@@ -35,9 +38,11 @@ from nodbot.bot.authorize import Authorizer, Verdict
 from nodbot.bot.config import SlackConfig
 from nodbot.bot.forms import FIELD_PREFIX, EditField, edit_fields, parse_edit, reason_too_long
 from nodbot.bot.people import IdentityUnavailable, People
+from nodbot.bot.remember import NOT_REMEMBERED, remember_decision, scope_of
 from nodbot.bot.slack.channel import SlackChannel, messages_of
 from nodbot.bot.slack.messages import (
     ACTION_APPROVE,
+    ACTION_APPROVE_REMEMBER,
     ACTION_DENY,
     ACTION_EDIT,
     DENY_CALLBACK,
@@ -55,6 +60,7 @@ from nodbot.core import (
     DeferredApproval,
     Executor,
     InvalidArgumentsError,
+    StoreError,
     ToolDecision,
     UnknownToolError,
 )
@@ -102,6 +108,7 @@ class SlackReviews:
             url_verification_enabled=config.mode == "http",
         )
         self.app.action(ACTION_APPROVE)(self._approve)
+        self.app.action(ACTION_APPROVE_REMEMBER)(self._approve_remember)
         self.app.action(ACTION_EDIT)(self._edit)
         self.app.action(ACTION_DENY)(self._deny)
         self.app.view(EDIT_CALLBACK)(self._edit_submitted)
@@ -120,6 +127,22 @@ class SlackReviews:
         verdict = await self._allowed(click, record, decision)
         if verdict is not None:
             await self._decide(click, record, decision, verdict)
+
+    async def _approve_remember(self, ack: AsyncAck, body: dict[str, Any]) -> None:
+        await ack()
+        click = _Click.of(body)
+        # Kept with the decision: the outbox's update of the messages looks for it.
+        click.evidence["action_id"] = ACTION_APPROVE_REMEMBER
+        record = await self._record(click)
+        if record is None:
+            return
+        if scope_of(record.request) is None:  # no such button was posted: a forged click
+            await self._tell(click, NOT_REMEMBERED)
+            return
+        decision = Decision(approved=True, decided_by=click.user)
+        verdict = await self._allowed(click, record, decision)
+        if verdict is not None:
+            await self._decide(click, record, decision, verdict, remember=True)
 
     async def _edit(self, ack: AsyncAck, body: dict[str, Any]) -> None:
         await ack()
@@ -198,7 +221,7 @@ class SlackReviews:
         except InvalidArgumentsError as exc:
             errors = {}
             for error in exc.errors:
-                name = str(error.get("field", "")).split(".", 1)[0]
+                name = re.split(r"[.\[]", str(error.get("field", "")), maxsplit=1)[0]
                 block = FIELD_PREFIX + name
                 if any(spec.name == name for spec in fields):
                     errors[block] = clip(str(error.get("message", "not valid")), 150)
@@ -232,8 +255,15 @@ class SlackReviews:
     # --- shared -------------------------------------------------------------------------------
 
     async def _decide(
-        self, click: _Click, record: ApprovalRecord, decision: Decision, verdict: Verdict
+        self,
+        click: _Click,
+        record: ApprovalRecord,
+        decision: Decision,
+        verdict: Verdict,
+        *,
+        remember: bool = False,
     ) -> None:
+        """Record the decision; with `remember`, remember it once it approves the call."""
         try:
             decided = await self.executor.decide(
                 record.approval_id,
@@ -246,10 +276,25 @@ class SlackReviews:
         except (ApprovalAlreadyDecided, ApprovalAlreadyVoted) as exc:
             await self._tell(click, _why(exc))
             return
+        if remember and decided.status == "approved":
+            await self._remember(click, decided, verdict)
         self._decided()
         if decided.decision is None:  # a vote of several: say how far it is
             needed = decided.request.approvals_required
             await self._tell(click, f"your approval is counted; {needed} are needed in all")
+
+    async def _remember(self, click: _Click, decided: ApprovalRecord, verdict: Verdict) -> None:
+        """Remember the approval just made; the clicker is told when it cannot be."""
+        try:
+            kept = await remember_decision(self.store, decided, person=verdict.person)
+        except (ValueError, StoreError) as exc:
+            log.warning("approval %s could not be remembered: %s", decided.approval_id, exc)
+            await self._tell(click, f"the call is approved, but not remembered: {exc}")
+            return
+        log.info(
+            "approval remembered",
+            extra={"approval_id": decided.approval_id, "remember_id": kept.remember_id},
+        )
 
     def _decided(self) -> None:
         self.counters["decisions"] += 1
@@ -331,11 +376,17 @@ class SlackReviews:
         )
 
     def _fields(self, record: ApprovalRecord) -> list[EditField]:
-        if record.request.tool not in self.registry:
-            return []
-        schema = self.registry.get(record.request.tool).model.model_json_schema()
-        editable = record.request.policy.get("editable")
-        return edit_fields(schema, record.request.arguments, editable)
+        """The edit modal's inputs: from the tool's model, or for a tool of another process
+        from the schema its caller sent (`POST /approvals`); none when there is neither."""
+        request = record.request
+        if request.tool in self.registry:
+            schema = self.registry.get(request.tool).model.model_json_schema()
+        else:
+            sent = request.policy.get("schema")
+            if not isinstance(sent, dict):
+                return []
+            schema = sent
+        return edit_fields(schema, request.arguments, request.policy.get("editable"))
 
     async def _tell(self, click: _Click, text: str) -> None:
         """An ephemeral message to the clicker (seen by them only)."""
