@@ -113,6 +113,22 @@ class RulesPort(DeferredApproval):
                 )
         return await super().request(ruled.request)
 
+    async def open_review(self, request: ApprovalRequest) -> tuple[ApprovalRecord, bool]:
+        """The stored record of a call of a tool that runs elsewhere (`POST /approvals`, a
+        hosted agent's pause), as the rules make it: decided at once (and recorded so) or
+        pending a review; and whether it was decided here. The call's active record is kept
+        when there is one: the caller checks it is for the same tool and arguments."""
+        ruled = await self.rule(request)
+        record = await self.store.create(ruled.request)
+        if ruled.decision is None or record.decision is not None:
+            return record, False
+        channel = "rules" if ruled.evidence is None else REMEMBERED
+        with contextlib.suppress(ApprovalAlreadyDecided):  # the same rule, in a race
+            await self.store.decide(
+                record.approval_id, ruled.decision, channel=channel, evidence=ruled.evidence
+            )
+        return await self.store.get(record.approval_id), True
+
     async def rule(self, request: ApprovalRequest) -> Ruled:
         """What the rules make of a call: a decision at once (by a rule, or by a reviewer's
         remembered approval), or the request as it is to wait for review (with its rule's
@@ -156,12 +172,12 @@ class RulesPort(DeferredApproval):
         self, request: ApprovalRequest, index: int | str, rule: ReviewPolicy
     ) -> ApprovalRequest:
         """The call as it waits in the store under `rule` (a rule of the file, or the
-        defaults)."""
-        request = replace(
-            request,
-            policy={**request.policy, **self._policy(index, rule)},
-            approvals_required=rule.approvals_required,
-        )
+        defaults). What the caller said of the call (`call_description`, from a tool that
+        runs elsewhere) is the description reviewers see when the rule has none."""
+        policy = {**request.policy, **self._policy(index, rule)}
+        if not policy.get("description") and request.policy.get("call_description"):
+            policy["description"] = request.policy["call_description"]
+        request = replace(request, policy=policy, approvals_required=rule.approvals_required)
         if rule.timeout is not None:
             # Only a new review takes this deadline: an existing one keeps its own.
             deadline = self._clock() + timedelta(seconds=rule.timeout)

@@ -19,6 +19,7 @@ from nodbot.bot.config import (
     ConfigError,
     load_agents,
     load_config,
+    load_framework_agents,
     trust_warnings,
     undecidable_warning,
     unread_replies_warning,
@@ -115,6 +116,7 @@ async def _serving(
         if warning is not None:
             log.warning("%s", warning)
     agents, _ = load_agents(config)
+    hosted, _ = load_framework_agents(config)
     store = store_for(config)
     try:
         await store.open()
@@ -130,7 +132,9 @@ async def _serving(
             links_base = config.web.public_url or _own_url(listening)
             email_channel = EmailChannel(config.email, store, secret=secret, links_base=links_base)
             channels.append(email_channel)
-        service = BotService(config, store, agents, channels=channels, registry=registry)
+        service = BotService(
+            config, store, agents, channels=channels, registry=registry, hosted=hosted
+        )
         authorizer = authorizer_for(config, slack_channel, runs=store)
         slack = None
         if config.slack is not None and slack_channel is not None:

@@ -26,8 +26,9 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from nodbot.bot.config import Config
+from nodbot.bot.hosted import HostedRuns
 from nodbot.bot.outbox import Channel, Dispatcher, OutboxStore
-from nodbot.bot.policy import rules_executor
+from nodbot.bot.policy import RulesPort, rules_executor
 from nodbot.core import (
     Agent,
     Executor,
@@ -38,6 +39,7 @@ from nodbot.core import (
     ToolRegistry,
     advance_run,
 )
+from nodbot.core.bridges.hosted import HostedAgent, RunStates
 from nodbot.core.sqlstore.notices import Listening
 
 __all__ = ["BotService", "BotStore", "UnknownAgentError", "WorkerHealth"]
@@ -122,10 +124,13 @@ class BotService:
         channels: Sequence[Channel] = (),
         worker: str | None = None,
         registry: ToolRegistry | None = None,
+        hosted: Mapping[str, HostedAgent] | None = None,
     ) -> None:
         self.config = config
         self.store = store
         self.agents = dict(agents)
+        self.hosted = dict(hosted or {})
+        """The agents of other frameworks (`framework_agents:`), by name."""
         self.worker = worker or f"{socket.gethostname()}:{os.getpid()}"
         self.poll = config.workers.poll
         self.lease = float(config.workers.lease)
@@ -155,19 +160,36 @@ class BotService:
         self._unanswered: set[str] = set()
         self.health = WorkerHealth()
         """How the workers are doing, for /healthz and /readyz."""
+        self._hosted_runs: HostedRuns | None = None
+        if self.hosted:
+            states = getattr(store, "run_states", None)
+            if not isinstance(states, RunStates):
+                raise ValueError("framework_agents need a store that keeps run states (SQL)")
+            port = RulesPort(config, store, registry=self.registry)
+            self._hosted_runs = HostedRuns(
+                store, states, port, worker=self.worker, lease=self.lease
+            )
 
     def agent(self, name: str) -> Agent:
         """The agent called `name`. Raises `UnknownAgentError`."""
         try:
             return self.agents[name]
         except KeyError:
-            raise UnknownAgentError(name, sorted(self.agents)) from None
+            raise UnknownAgentError(name, sorted([*self.agents, *self.hosted])) from None
 
     async def start_run(
         self, agent: str, text: str, requested_by: str | None, *, started_by: str | None = None
     ) -> RunRecord:
         """Start a run of `agent` on `text` and take it as far as it goes without a person;
         `started_by` who started it for `requested_by`, when another did."""
+        if agent in self.hosted and self._hosted_runs is not None:
+            run = await self._hosted_runs.start(
+                agent, self.hosted[agent], text, requested_by, started_by=started_by
+            )
+            self.counters["runs_started"] += 1
+            self._changed(run.run_id)
+            self._wake.set()  # its calls may wait for review now: announce them
+            return run
         chosen = self.agent(agent)
         run = await self.store.create_run(
             agent=agent,
@@ -344,6 +366,13 @@ class BotService:
         return run
 
     async def _advance_once(self, run: RunRecord) -> RunRecord:
+        hosted = self.hosted.get(run.agent)
+        if hosted is not None and self._hosted_runs is not None:
+            try:
+                return await self._hosted_runs.advance(run, hosted)
+            except RunConflict:
+                log.warning("run %s was taken over by another worker", run.run_id)
+                return await self.store.get_run(run.run_id)
         agent = self.agents.get(run.agent)
         if agent is None:
             error = f"agent {run.agent!r} is not configured any more"

@@ -21,7 +21,7 @@ weak or repeated secrets, plain http beyond loopback) and `agents` (`load_agents
 
 from __future__ import annotations
 
-from nodbot.bot.config.agents import check_agents, load_agents
+from nodbot.bot.config.agents import check_agents, load_agents, load_framework_agents
 from nodbot.bot.config.errors import ConfigError
 from nodbot.bot.config.models import (
     ApiConfig,
@@ -69,6 +69,7 @@ __all__ = [
     "check_agents",
     "load_agents",
     "load_config",
+    "load_framework_agents",
     "parse_duration",
     "parse_reviewer",
     "trust_warnings",

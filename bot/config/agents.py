@@ -19,6 +19,26 @@ from pydantic import BaseModel
 from nodbot.bot.config.models import Config, Rule
 from nodbot.bot.config.predicates import ORIGINAL, BoundSpec
 from nodbot.core import Agent
+from nodbot.core.bridges.hosted import HostedAgent
+
+
+def load_framework_agents(config: Config) -> tuple[dict[str, HostedAgent], list[str]]:
+    """Import every agent of another framework the configuration names
+    (`framework_agents:`), as `load_agents` does the bot's own: the agents that loaded, and
+    one problem per entry that did not (or whose name is also under `agents:`)."""
+    hosted: dict[str, HostedAgent] = {}
+    problems: list[str] = []
+    with _import_path_beside(config.source_file):
+        for name, target in config.framework_agents.items():
+            where = config.location(("framework_agents", name))
+            if name in config.agents:
+                problems.append(f"{where}: {name!r} is under agents: too; give each its own name")
+                continue
+            try:
+                hosted[name] = _load_hosted(target)
+            except _AgentError as exc:
+                problems.append(f"{where}: {exc}")
+    return hosted, problems
 
 
 def load_agents(config: Config) -> tuple[dict[str, Agent], list[str]]:
@@ -66,6 +86,7 @@ def report_agents(config: Config) -> AgentReport:
     """The problems of `check_agents`, and the warnings: one per tool of an agent that asks
     for review and that no rule covers for every call (checked once the problems are none)."""
     agents, problems = load_agents(config)
+    problems += load_framework_agents(config)[1]
     if problems:
         return AgentReport(problems, [])
     problems = _rule_problems(config, agents)
@@ -204,6 +225,24 @@ class _AgentError(Exception):
 
 
 def _load_agent(target: str) -> Agent:
+    found = _load(target, lambda value: isinstance(value, Agent), "a core.Agent")
+    assert isinstance(found, Agent)
+    return found
+
+
+def _load_hosted(target: str) -> HostedAgent:
+    found = _load(target, _is_hosted, "a hosted agent (core.bridges.hosted.HostedAgent)")
+    assert isinstance(found, HostedAgent)
+    return found
+
+
+def _is_hosted(value: object) -> bool:
+    return not isinstance(value, type) and isinstance(value, HostedAgent)
+
+
+def _load(target: str, accepts: Callable[[object], bool], what: str) -> object:
+    """The object `target` names, or the one its zero-argument callable returns, when
+    `accepts` it. Raises `_AgentError` saying why not."""
     module_name, _, attribute = target.partition(":")
     try:
         found: Any = importlib.import_module(module_name)
@@ -215,17 +254,18 @@ def _load_agent(target: str) -> Agent:
         if not hasattr(found, part):
             raise _AgentError(f"{module_name!r} has no attribute {attribute!r}")
         found = getattr(found, part)
-    if isinstance(found, Agent):
+    if accepts(found):
         return found
     if not callable(found):
         raise _AgentError(
-            f"{target} is {_described(found)}, not a core.Agent or a zero-argument "
-            "callable returning one"
+            f"{target} is {_described(found)}, not {what} or a zero-argument callable returning one"
         )
-    return _call_factory(target, found)
+    return _call_factory(target, found, accepts, what)
 
 
-def _call_factory(target: str, factory: Callable[..., Any]) -> Agent:
+def _call_factory(
+    target: str, factory: Callable[..., Any], accepts: Callable[[object], bool], what: str
+) -> object:
     with contextlib.suppress(TypeError, ValueError):  # builtins without a signature
         parameters = inspect.signature(factory).parameters.values()
         required = [
@@ -235,7 +275,7 @@ def _call_factory(target: str, factory: Callable[..., Any]) -> Agent:
         ]
         if required:
             raise _AgentError(
-                f"{target} takes arguments ({', '.join(required)}); expected a core.Agent "
+                f"{target} takes arguments ({', '.join(required)}); expected {what} "
                 "or a zero-argument callable returning one"
             )
     try:
@@ -244,9 +284,9 @@ def _call_factory(target: str, factory: Callable[..., Any]) -> Agent:
         raise _AgentError(f"calling {target}() raised {type(exc).__name__}: {exc}") from None
     if inspect.iscoroutine(made):
         made.close()
-        raise _AgentError(f"{target} is async; expected a plain callable returning a core.Agent")
-    if not isinstance(made, Agent):
-        raise _AgentError(f"{target}() returned {_described(made)}, not a core.Agent")
+        raise _AgentError(f"{target} is async; expected a plain callable returning {what}")
+    if not accepts(made):
+        raise _AgentError(f"{target}() returned {_described(made)}, not {what}")
     return made
 
 

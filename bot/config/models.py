@@ -694,6 +694,12 @@ class Config(ConfigModel):
     agents: dict[Name, ImportPath] = Field(default_factory=dict)
     """Agent name -> `package.module:attribute` of a `core.Agent` or of a zero-argument
     callable returning one."""
+    framework_agents: dict[Name, ImportPath] = Field(default_factory=dict)
+    """Agent name -> `package.module:attribute` of an agent of another framework (a
+    `core.bridges.hosted.HostedAgent`: see the bridges, e.g. `HostedPydanticAI`, or a
+    zero-argument callable returning one), run by the bot like its own: started by
+    `POST /runs`, its calls put to the rules (name its tools in `external_tools`), resumed
+    by the workers, its framework's state kept in the store between steps."""
     external_tools: list[Name] = Field(default_factory=list)
     """Tools that programs outside the bot run themselves and ask about (`POST /approvals`,
     the client, the bridges, the MCP gateway): rules may name them though no agent of the

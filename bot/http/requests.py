@@ -47,11 +47,9 @@ from nodbot.bot.http.auth import ApiError, TokenTable
 from nodbot.bot.http.common import json_body, json_response, parse
 from nodbot.bot.http.schemas import ApprovalView, _Model
 from nodbot.bot.policy import RulesPort
-from nodbot.bot.remember import CHANNEL as REMEMBERED
 from nodbot.bot.service import BotService
 from nodbot.core import (
     ApprovalAlreadyConsumed,
-    ApprovalAlreadyDecided,
     ApprovalNotDecided,
     ApprovalNotFound,
     ApprovalRecord,
@@ -159,19 +157,11 @@ def request_routes(service: BotService, tokens: TokenTable) -> list[Route]:
         if existing is not None and not existing.finished:
             _same_call(existing, asked)
             return json_response(ApprovalView.of(existing))
-        ruled = await port.rule(asked)
-        waiting = ruled.request
-        if body.description and not waiting.policy.get("description"):
-            waiting = _described(waiting, body.description)
-        record = await store.create(waiting)
+        if body.description:
+            asked = replace(asked, policy={**asked.policy, "call_description": body.description})
+        record, decided = await port.open_review(asked)
         _same_call(record, asked)  # another request for the call won a race: the same call?
-        if ruled.decision is not None and record.decision is None:
-            channel = "rules" if ruled.evidence is None else REMEMBERED
-            with contextlib.suppress(ApprovalAlreadyDecided):  # the same rule, in a race
-                await store.decide(
-                    record.approval_id, ruled.decision, channel=channel, evidence=ruled.evidence
-                )
-            record = await store.get(record.approval_id)
+        if decided:
             service.decided()
         return json_response(ApprovalView.of(record), status=201)
 
@@ -237,10 +227,6 @@ def _extra_policy(body: RequestBody, token: ApiToken) -> dict[str, Any]:
     if body.arguments_schema is not None:
         extra["schema"] = body.arguments_schema
     return extra
-
-
-def _described(request: ApprovalRequest, description: str) -> ApprovalRequest:
-    return replace(request, policy={**request.policy, "description": description})
 
 
 def _same_call(record: ApprovalRecord, asked: ApprovalRequest) -> None:

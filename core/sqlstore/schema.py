@@ -30,6 +30,7 @@ __all__ = [
     "metadata",
     "remembered",
     "revocations",
+    "run_states",
     "runs",
     "votes",
 ]
@@ -241,3 +242,11 @@ remembered = Table(
 )
 # find(): the live approvals of one scope, for each call a remembering rule covers.
 Index("remembered_scope", remembered.c.scope, remembered.c.expires_at)
+
+run_states = Table(
+    "run_states",
+    metadata,
+    Column("run_id", String(64), primary_key=True),
+    Column("state", Text, nullable=False),  # a hosted agent's framework state, as text
+    Column("updated_at", UTCDateTime, nullable=False),
+)

@@ -51,6 +51,7 @@ from nodbot.core.sqlstore.migrate import ensure_schema
 from nodbot.core.sqlstore.notices import Listening
 from nodbot.core.sqlstore.postgres import PostgresBackend
 from nodbot.core.sqlstore.remembered import SqlRememberedApprovals
+from nodbot.core.sqlstore.run_states import SqlRunStates
 from nodbot.core.sqlstore.sessions import SqlSessionRevocations
 from nodbot.core.sqlstore.sqlite import SqliteBackend
 from nodbot.core.store import (
@@ -121,6 +122,8 @@ class SqlApprovalStore:
         """The web inbox's ended sessions, in this database (`core.sqlstore.sessions`)."""
         self.remembered = SqlRememberedApprovals(self.url, ready=self.open, clock=clock)
         """Reviewers' remembered approvals, in this database (`core.sqlstore.remembered`)."""
+        self.run_states = SqlRunStates(self.url, ready=self.open, clock=clock)
+        """Hosted agents' states between their steps (`core.sqlstore.run_states`)."""
 
     @property
     def display_url(self) -> str:
@@ -136,6 +139,7 @@ class SqlApprovalStore:
         """Close the connections. The store opens them again if it is used after."""
         await self.sessions.close()
         await self.remembered.close()
+        await self.run_states.close()
         backend, self._backend = self._backend, None
         if backend is not None:
             with self._errors():

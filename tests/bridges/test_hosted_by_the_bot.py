@@ -1,0 +1,110 @@
+"""Agents of other frameworks hosted by the bot itself (`framework_agents:` in nodbot.yml): a
+pydantic-ai agent and an OpenAI Agents SDK agent, each on its framework's own test model,
+started by `POST /runs`, their paused calls reviewed by the rules and decided over the HTTP
+API, resumed by the bot's workers from the state kept in its store, each tool run once (or
+never) and the run finished with the agent's answer."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from agents import Agent as OpenAIAgent
+from agents.testing import ScriptedModel, assistant_message, function_call
+
+from nodbot.bot.serve import Served, serving
+from nodbot.core.bridges.openai_agents import HostedOpenAIAgent
+from nodbot.core.bridges.pydantic_ai import HostedPydanticAI
+from tests.bridges.test_openai_agents_hosted import refund_tool
+from tests.bridges.test_pydantic_ai_hosted import Shop, refund_call
+
+ROOT = Path(__file__).resolve().parents[2]
+STARTER = {"Authorization": "Bearer token-of-the-starter-00000000000"}
+LEAD = {"Authorization": "Bearer token-of-the-lead-00000000000"}
+refunds: list[dict[str, Any]] = []
+"""Every real run of either agent's refund tool."""
+
+
+def pydantic_agent() -> HostedPydanticAI:
+    """Asks for two refunds in one turn, then answers with what the tools said."""
+    shop = Shop([[refund_call("call_1", 500), refund_call("call_2", 20, "o-8")]], refunds)
+    return shop.hosted()
+
+
+def openai_agent() -> HostedOpenAIAgent:
+    model = ScriptedModel(
+        [
+            [function_call("refund", {"order_id": "o-9", "amount": 300}, call_id="call_1")],
+            [assistant_message("refund handled")],
+        ]
+    )
+    return HostedOpenAIAgent(OpenAIAgent(name="support", model=model, tools=[refund_tool(refunds)]))
+
+
+CONFIG = """
+store: {{url: "sqlite:///{db}"}}
+server: {{host: 127.0.0.1, port: 0}}
+workers: {{poll: 0.1}}
+api:
+  tokens:
+    - {{name: starter, token: token-of-the-starter-00000000000, scopes: [runs:write]}}
+    - {{name: lead@example.com, token: token-of-the-lead-00000000000,
+        scopes: [approvals:read, approvals:decide]}}
+framework_agents:
+  shop: tests.bridges.test_hosted_by_the_bot:pydantic_agent
+  support: tests.bridges.test_hosted_by_the_bot:openai_agent
+external_tools: [refund]
+rules:
+  - tool: refund
+    reviewers: [lead@example.com]
+"""
+
+
+@pytest.fixture
+async def bot(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[Served]:
+    monkeypatch.chdir(ROOT)
+    refunds.clear()
+    path = tmp_path / "nodbot.yml"
+    path.write_text(CONFIG.format(db=tmp_path / "nodbot.db"))
+    async with serving(str(path)) as served:
+        yield served
+
+
+async def decide(client: httpx.AsyncClient, approval_id: str, **body: Any) -> None:
+    answer = await client.post(f"/approvals/{approval_id}/decide", json=body, headers=LEAD)
+    assert answer.status_code == 200, answer.text
+
+
+async def test_a_hosted_pydantic_ai_agent_is_reviewed_and_resumed(bot: Served) -> None:
+    async with httpx.AsyncClient(base_url=bot.url, timeout=30) as client:
+        run = (
+            await client.post("/runs", json={"agent": "shop", "input": "refunds"}, headers=STARTER)
+        ).json()
+        assert run["status"] == "waiting"
+        by_call = {p["call_id"]: p for p in run["pending"]}
+        assert sorted(by_call) == ["call_1", "call_2"]
+        assert refunds == []
+        await decide(
+            client, by_call["call_1"]["approval_id"], action="edit", arguments={"amount": 450}
+        )
+        await decide(client, by_call["call_2"]["approval_id"], action="deny", reason="no receipt")
+        done = (await client.get(f"/runs/{run['run_id']}?wait=15", headers=LEAD)).json()
+    assert done["status"] == "finished", done
+    assert refunds == [{"order_id": "o-7", "amount": 450}]
+    assert "refunded 450.0 on o-7" in done["final_text"] and "no receipt" in done["final_text"]
+
+
+async def test_a_hosted_openai_agent_is_reviewed_and_resumed(bot: Served) -> None:
+    async with httpx.AsyncClient(base_url=bot.url, timeout=30) as client:
+        body = {"agent": "support", "input": "refund o-9"}
+        run = (await client.post("/runs", json=body, headers=STARTER)).json()
+        [pending] = run["pending"]
+        assert (pending["call_id"], pending["tool"]) == ("call_1", "refund")
+        await decide(client, pending["approval_id"], action="approve")
+        done = (await client.get(f"/runs/{run['run_id']}?wait=15", headers=LEAD)).json()
+    assert done["status"] == "finished", done
+    assert done["final_text"] == "refund handled"
+    assert refunds == [{"order_id": "o-9", "amount": 300}]
