@@ -11,7 +11,13 @@ import argparse
 import json
 from typing import Any
 
-from nodbot.bot.config import ConfigError, check_agents, load_agents, load_config
+from nodbot.bot.config import (
+    ConfigError,
+    check_agents,
+    load_agents,
+    load_config,
+    load_framework_agents,
+)
 from nodbot.bot.service import BotService, UnknownAgentError
 from nodbot.bot.store import store_for
 from nodbot.core import ConfigurationError, RunRecord, ToolMessage
@@ -40,8 +46,9 @@ async def run_runs_command(arguments: argparse.Namespace) -> str:
     if problems:
         raise ConfigError(problems)
     agents, _ = load_agents(config)
+    hosted, _ = load_framework_agents(config)
     async with store_for(config) as store:
-        service = BotService(config, store, agents)
+        service = BotService(config, store, agents, hosted=hosted)
         if arguments.action == "start":
             try:
                 run = await service.start_run(

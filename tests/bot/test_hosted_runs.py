@@ -14,7 +14,9 @@ from typing import Any
 import httpx
 import pytest
 
+from nodbot.bot.cli import build_parser
 from nodbot.bot.config import check_agents, load_config
+from nodbot.bot.runs_cli import run_runs_command
 from nodbot.bot.serve import Served, serving
 from nodbot.core.bridges.common import NO_CALL_ID, PendingCall, Resolution
 from nodbot.core.bridges.hosted import HostedStep
@@ -204,3 +206,15 @@ def test_framework_agents_are_checked(tmp_path: Path, monkeypatch: pytest.Monkey
     assert any("framework_agents.scripted: 'scripted' is under agents: too" in p for p in found)
     assert any("framework_agents.other:" in p and "not a hosted agent" in p for p in found)
     assert any("framework_agents.gone: cannot import" in p for p in found)
+
+
+async def test_nodbot_runs_start_starts_a_hosted_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(ROOT)
+    path = tmp_path / "nodbot.yml"
+    path.write_text(CONFIG.format(db=tmp_path / "nodbot.db"))
+    start = ["runs", "start", "scripted", "o-10", "--config", str(path)]
+    said = await run_runs_command(build_parser().parse_args(start))
+    assert said.startswith("run run_") and "of scripted: waiting" in said
+    assert "waits for approval apr_" in said
