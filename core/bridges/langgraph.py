@@ -70,21 +70,74 @@ Limits: the graph is the agent itself (a top-level graph with a checkpointer, as
 `create_agent` builds it), not a subgraph of another graph; the time between the command
 being returned and the graph being invoked with it is not covered by the check (invoke at
 once, or use `resolve_and_resume`); only the async graph API is used.
+
+Hosted by the bot: `HostedLangGraph(build, *, tools=(), serde=None)` is a
+`bridges.hosted.HostedAgent`, for agents the bot runs itself. `build` makes the agent around a
+checkpointer it is given (`lambda checkpointer: create_agent(..., checkpointer=checkpointer)`);
+each step runs on a fresh `InMemorySaver`, so the adapter keeps nothing between steps: the
+thread (run id = thread id) goes into `HostedStep.state` as JSON (its checkpoints, their pending
+writes and channel values, each as LangGraph's checkpoint serializer wrote it, in base64).
+`start(text, run_id=...)` runs the agent on the user's text; when the middleware pauses it,
+`pending` lists the paused calls as `resolve_interruptions` reads them (native call ids; the
+argument schemas of `tools`, as above); once it finishes, `final_text` is the text of its
+last `AIMessage`. `resume(state, resolutions, run_id=...)` rebuilds the thread from `state`,
+checks that the resolutions are for the very calls it is paused on, and resumes it with the
+`Command` built from them as above. Name an instance (or a zero-argument callable returning one) in
+`nodbot.yml`:
+
+```python
+# shop/agents.py
+from langchain.agents import create_agent
+from langchain.agents.middleware import HumanInTheLoopMiddleware
+
+from nodbot.core.bridges.langgraph import HostedLangGraph
+
+hosted = HostedLangGraph(
+    lambda checkpointer: create_agent(
+        model,
+        tools=[send_email],
+        middleware=[HumanInTheLoopMiddleware(interrupt_on={"send_email": True})],
+        checkpointer=checkpointer,
+    ),
+    tools=[send_email],
+)
+```
+
+```yaml
+framework_agents:
+  support: "shop.agents:hosted"
+```
+
+Its refusals: `ValueError` when a state is not one of `HostedLangGraph` (not its JSON, another
+format version, another run's thread, or bytes the serializer cannot read); `StaleResume` when
+the resolutions are not, in order, for the calls the state is paused on (tool, call id,
+arguments); `UnanswerableInterrupt` (a `ValueError`) as above, and when the state has finished.
+The state holds the thread's whole lineage of checkpoints (the parent chain of the latest
+one, which LangGraph's delta channels may need to rebuild the messages): it grows with the
+conversation. `build` must make the same agent every time (same tools, same middleware); the
+model must not rely on anything kept in memory between steps. The state is read with
+LangGraph's `JsonPlusSerializer` unless `serde` is given (an `EncryptedSerializer`, or one
+whose `allowed_msgpack_modules` is narrowed, for a state kept where others may write it).
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, Literal
 
 from langchain_core.messages import AIMessage
 from langchain_core.runnables import RunnableConfig
 from langchain_core.tools import BaseTool
 from langchain_core.utils.function_calling import convert_to_openai_tool
+from langgraph.checkpoint.memory import InMemorySaver
+from langgraph.checkpoint.serde.base import SerializerProtocol
 from langgraph.pregel.protocol import PregelProtocol
 from langgraph.types import Command, Interrupt, StateSnapshot
+from pydantic import BaseModel, ConfigDict, ValidationError
 
 from nodbot.core.bridges.common import (
     PendingCall,
@@ -93,8 +146,14 @@ from nodbot.core.bridges.common import (
     StaleResume,
     resolve_calls,
 )
+from nodbot.core.bridges.hosted import HostedStep
 
-__all__ = ["UnanswerableInterrupt", "resolve_and_resume", "resolve_interruptions"]
+__all__ = [
+    "HostedLangGraph",
+    "UnanswerableInterrupt",
+    "resolve_and_resume",
+    "resolve_interruptions",
+]
 
 Graph = PregelProtocol[Any, Any, Any, Any]
 """A compiled LangGraph graph, such as `create_agent` returns."""
@@ -392,3 +451,279 @@ def _refusal(allowed: tuple[str, ...], message: str | None) -> dict[str, Any]:
         return {"type": "reject", "message": message} if message else {"type": "reject"}
     # Checked when the pause was read: a tool that allows no rejection allows `respond`.
     return {"type": "respond", "message": f"The call was not run: {message or 'denied'}"}
+
+
+# --- Hosted by the bot -------------------------------------------------------------------
+
+GraphFactory = Callable[[InMemorySaver], Graph]
+"""Makes the agent around the checkpointer it is given (see the module)."""
+
+STATE_FORMAT = "nodbot.langgraph.hosted"
+STATE_VERSION = 1
+ROOT = ""
+"""The checkpoint namespace of the top-level graph."""
+
+Typed = tuple[str, str]
+"""A value as the checkpoint serializer wrote it: its type, and its bytes in base64."""
+
+
+class _SavedCheckpoint(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    ns: str
+    id: str
+    parent: str | None
+    checkpoint: Typed
+    metadata: Typed
+
+
+class _SavedWrite(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    ns: str
+    checkpoint_id: str
+    task_id: str
+    idx: int
+    channel: str
+    value: Typed
+    task_path: str
+
+
+class _SavedBlob(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    ns: str
+    channel: str
+    version: str | int | float
+    value: Typed
+
+
+class _SavedThread(BaseModel):
+    """A hosted thread, as `HostedStep.state` holds it."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    format: Literal["nodbot.langgraph.hosted"]
+    version: Literal[1]
+    thread_id: str
+    checkpoint_id: str
+    """The thread's latest checkpoint (where it paused, or finished)."""
+    checkpoints: list[_SavedCheckpoint]
+    writes: list[_SavedWrite]
+    blobs: list[_SavedBlob]
+
+
+class HostedLangGraph:
+    """A `create_agent` agent (paused by `HumanInTheLoopMiddleware`) run by the bot: a
+    `bridges.hosted.HostedAgent` whose state is the whole thread (see the module)."""
+
+    def __init__(
+        self,
+        build: GraphFactory,
+        *,
+        tools: Sequence[BaseTool] = (),
+        serde: SerializerProtocol | None = None,
+    ) -> None:
+        """`build` makes the agent around the checkpointer it is given, the same agent every
+        time; `tools` (the agent's) give the reviews their argument schemas; `serde` reads
+        and writes the checkpoints (LangGraph's `JsonPlusSerializer` when None)."""
+        self._build = build
+        self._schemas = _schemas(tools)
+        self._serde = serde
+
+    async def start(self, text: str, *, run_id: str) -> HostedStep:
+        """Run the agent on `text` in thread `run_id` until it finishes or pauses. Raises
+        `UnanswerableInterrupt` when it pauses on something other than the middleware."""
+        saver = InMemorySaver(serde=self._serde)
+        graph = self._build(saver)
+        await graph.ainvoke({"messages": [{"role": "user", "content": text}]}, _config(run_id))
+        return await self._step(graph, saver, run_id)
+
+    async def resume(
+        self, state: str, resolutions: Sequence[Resolution], *, run_id: str
+    ) -> HostedStep:
+        """Resume thread `run_id` from `state` with one resolution per pending call, in their
+        order. Raises `ValueError` when `state` is not this adapter's (of this run),
+        `StaleResume` when the resolutions are not for the calls it is paused on, and
+        `UnanswerableInterrupt` when it is not paused."""
+        saved = _load(state, run_id)
+        saver = InMemorySaver(serde=self._serde)
+        _seed(saver, saved)
+        graph = self._build(saver)
+        snapshot = await graph.aget_state(_config(run_id))
+        if _checkpoint_id(snapshot) != saved.checkpoint_id:
+            raise ValueError(
+                f"the state of run {run_id!r} does not end at its checkpoint "
+                f"{saved.checkpoint_id!r}: it is not resumed"
+            )
+        actions = _actions(snapshot.interrupts, _last_tool_calls(snapshot.values), self._schemas)
+        _check_resolutions(run_id, actions, resolutions)
+        await graph.ainvoke(_command(actions, list(resolutions)), _config(run_id))
+        return await self._step(graph, saver, run_id)
+
+    async def _step(self, graph: Graph, saver: InMemorySaver, run_id: str) -> HostedStep:
+        snapshot = await graph.aget_state(_config(run_id))
+        state = _dump(saver, run_id, _checkpoint_id(snapshot))
+        if snapshot.interrupts:
+            actions = _actions(
+                snapshot.interrupts, _last_tool_calls(snapshot.values), self._schemas
+            )
+            return HostedStep(state=state, pending=tuple(action.call for action in actions))
+        if snapshot.next:
+            raise UnanswerableInterrupt(
+                f"thread {run_id!r} stopped before {list(snapshot.next)} with no interrupt"
+            )
+        return HostedStep(state=state, final_text=_final_text(snapshot.values))
+
+
+def _config(run_id: str) -> RunnableConfig:
+    return {"configurable": {"thread_id": run_id}}
+
+
+def _final_text(values: Any) -> str | None:
+    messages = values.get("messages") if isinstance(values, dict) else None
+    for message in reversed(messages or []):
+        if isinstance(message, AIMessage):
+            return message.text
+    return None
+
+
+def _check_resolutions(
+    run_id: str, actions: Sequence[_Action], resolutions: Sequence[Resolution]
+) -> None:
+    """The resolutions answer, in order, the very calls the thread is paused on."""
+    paused = [(a.call.tool, a.call.call_id, a.call.arguments) for a in actions]
+    given = [(r.call.tool, r.call.call_id, r.call.arguments) for r in resolutions]
+    if given != paused:
+        raise StaleResume(
+            f"the resolutions given for run {run_id!r} are not for the calls its state is "
+            f"paused on ({[(tool, call_id) for tool, call_id, _ in paused]}): it is not resumed"
+        )
+
+
+def _typed(value: tuple[str, bytes]) -> Typed:
+    return value[0], base64.b64encode(value[1]).decode("ascii")
+
+
+def _untyped(value: Typed) -> tuple[str, bytes]:
+    return value[0], base64.b64decode(value[1], validate=True)
+
+
+def _lineage(stored: dict[str, tuple[Any, Any, str | None]]) -> list[str]:
+    """The latest checkpoint of a namespace and its ancestors."""
+    chain: list[str] = []
+    at: str | None = max(stored, default=None)
+    while at is not None and at in stored and at not in chain:
+        chain.append(at)
+        at = stored[at][2]
+    return chain
+
+
+def _dump(saver: InMemorySaver, thread_id: str, checkpoint_id: str | None) -> str:
+    """The thread's latest lineage (of the top-level graph; subgraphs' whole), as JSON."""
+    if checkpoint_id is None:
+        raise UnanswerableInterrupt(f"thread {thread_id!r} saved no checkpoint")
+    checkpoints: list[_SavedCheckpoint] = []
+    for ns, stored in saver.storage.get(thread_id, {}).items():
+        for cid in _lineage(stored) if ns == ROOT else sorted(stored):
+            checkpoint, metadata, parent = stored[cid]
+            checkpoints.append(
+                _SavedCheckpoint(
+                    ns=ns,
+                    id=cid,
+                    parent=parent,
+                    checkpoint=_typed(checkpoint),
+                    metadata=_typed(metadata),
+                )
+            )
+    kept = {(c.ns, c.id) for c in checkpoints}
+    writes = [
+        _SavedWrite(
+            ns=ns,
+            checkpoint_id=cid,
+            task_id=task_id,
+            idx=idx,
+            channel=channel,
+            value=_typed(value),
+            task_path=task_path,
+        )
+        for (thread, ns, cid), stored_writes in saver.writes.items()
+        if thread == thread_id and (ns, cid) in kept
+        for (_, idx), (task_id, channel, value, task_path) in stored_writes.items()
+    ]
+    versions = {
+        (c.ns, channel, version)
+        for c in checkpoints
+        for channel, version in saver.serde.loads_typed(_untyped(c.checkpoint))[
+            "channel_versions"
+        ].items()
+    }
+    blobs = [
+        _SavedBlob(ns=ns, channel=channel, version=version, value=_typed(value))
+        for (thread, ns, channel, version), value in saver.blobs.items()
+        if thread == thread_id and (ns, channel, version) in versions
+    ]
+    saved = _SavedThread(
+        format=STATE_FORMAT,
+        version=STATE_VERSION,
+        thread_id=thread_id,
+        checkpoint_id=checkpoint_id,
+        checkpoints=checkpoints,
+        writes=writes,
+        blobs=blobs,
+    )
+    return saved.model_dump_json()
+
+
+def _load(state: str, run_id: str) -> _SavedThread:
+    """The thread `state` holds; `ValueError` when it is not a `HostedLangGraph` state of
+    run `run_id`."""
+    try:
+        data = json.loads(state)
+    except (json.JSONDecodeError, TypeError) as error:
+        raise ValueError(f"not a HostedLangGraph state: not JSON ({error})") from error
+    if not isinstance(data, dict) or data.get("format") != STATE_FORMAT:
+        raise ValueError(f"not a HostedLangGraph state: its format is not {STATE_FORMAT!r}")
+    if data.get("version") != STATE_VERSION:
+        raise ValueError(
+            f"a HostedLangGraph state of version {data.get('version')!r}: this version of "
+            f"the bridge reads version {STATE_VERSION} only"
+        )
+    try:
+        saved = _SavedThread.model_validate(data)
+    except ValidationError as error:
+        raise ValueError(f"a malformed HostedLangGraph state: {error}") from error
+    if saved.thread_id != run_id:
+        raise ValueError(
+            f"the state is of run {saved.thread_id!r}, not of run {run_id!r}: it is not resumed"
+        )
+    return saved
+
+
+def _seed(saver: InMemorySaver, saved: _SavedThread) -> None:
+    """Put the saved thread into an empty `saver`, and read it back once (so that a state
+    the serializer cannot read is refused here, with `ValueError`)."""
+    thread = saved.thread_id
+    try:
+        for c in saved.checkpoints:
+            saver.storage[thread][c.ns][c.id] = (
+                _untyped(c.checkpoint),
+                _untyped(c.metadata),
+                c.parent,
+            )
+        for w in saved.writes:
+            saver.writes[(thread, w.ns, w.checkpoint_id)][(w.task_id, w.idx)] = (
+                w.task_id,
+                w.channel,
+                _untyped(w.value),
+                w.task_path,
+            )
+        for b in saved.blobs:
+            saver.blobs[(thread, b.ns, b.channel, b.version)] = _untyped(b.value)
+        readable = list(saver.list({"configurable": {"thread_id": thread}}))
+    except binascii.Error as error:
+        raise ValueError(f"a malformed HostedLangGraph state: {error}") from error
+    except Exception as error:  # the serializer's errors are of many kinds
+        raise ValueError(f"a HostedLangGraph state its serializer cannot read: {error}") from error
+    if not any(
+        found.config["configurable"]["checkpoint_id"] == saved.checkpoint_id
+        for found in readable
+        if found.config["configurable"]["checkpoint_ns"] == ROOT
+    ):
+        raise ValueError(f"a HostedLangGraph state without its checkpoint {saved.checkpoint_id!r}")
