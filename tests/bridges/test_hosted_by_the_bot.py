@@ -1,5 +1,6 @@
 """Agents of other frameworks hosted by the bot itself (`framework_agents:` in nodbot.yml): a
-pydantic-ai agent and an OpenAI Agents SDK agent, each on its framework's own test model,
+pydantic-ai agent, an OpenAI Agents SDK agent and a LangGraph agent, each on its
+framework's own test model,
 started by `POST /runs`, their paused calls reviewed by the rules and decided over the HTTP
 API, resumed by the bot's workers from the state kept in its store, each tool run once (or
 never) and the run finished with the agent's answer."""
@@ -18,6 +19,8 @@ from agents.testing import ScriptedModel, assistant_message, function_call
 from nodbot.bot.serve import Served, serving
 from nodbot.core.bridges.openai_agents import HostedOpenAIAgent
 from nodbot.core.bridges.pydantic_ai import HostedPydanticAI
+from tests.bridges.test_langgraph import SEED_HITL, email_call
+from tests.bridges.test_langgraph_hosted import hosted_agent
 from tests.bridges.test_openai_agents_hosted import refund_tool
 from tests.bridges.test_pydantic_ai_hosted import Shop, refund_call
 
@@ -25,7 +28,13 @@ ROOT = Path(__file__).resolve().parents[2]
 STARTER = {"Authorization": "Bearer token-of-the-starter-00000000000"}
 LEAD = {"Authorization": "Bearer token-of-the-lead-00000000000"}
 refunds: list[dict[str, Any]] = []
-"""Every real run of either agent's refund tool."""
+"""Every real run of the agents' refund tools."""
+emails: list[dict[str, str]] = []
+"""Every email the LangGraph agent's tool really sent."""
+
+
+def langgraph_agent() -> Any:
+    return hosted_agent([[email_call("toolu_01", "bob@example.com")]], SEED_HITL, emails)
 
 
 def pydantic_agent() -> HostedPydanticAI:
@@ -56,9 +65,12 @@ api:
 framework_agents:
   shop: tests.bridges.test_hosted_by_the_bot:pydantic_agent
   support: tests.bridges.test_hosted_by_the_bot:openai_agent
-external_tools: [refund]
+  mailer: tests.bridges.test_hosted_by_the_bot:langgraph_agent
+external_tools: [refund, send_email]
 rules:
   - tool: refund
+    reviewers: [lead@example.com]
+  - tool: send_email
     reviewers: [lead@example.com]
 """
 
@@ -67,6 +79,7 @@ rules:
 async def bot(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[Served]:
     monkeypatch.chdir(ROOT)
     refunds.clear()
+    emails.clear()
     path = tmp_path / "nodbot.yml"
     path.write_text(CONFIG.format(db=tmp_path / "nodbot.db"))
     async with serving(str(path)) as served:
@@ -108,3 +121,16 @@ async def test_a_hosted_openai_agent_is_reviewed_and_resumed(bot: Served) -> Non
     assert done["status"] == "finished", done
     assert done["final_text"] == "refund handled"
     assert refunds == [{"order_id": "o-9", "amount": 300}]
+
+
+async def test_a_hosted_langgraph_agent_is_reviewed_and_resumed(bot: Served) -> None:
+    async with httpx.AsyncClient(base_url=bot.url, timeout=30) as client:
+        body = {"agent": "mailer", "input": "Email Bob"}
+        run = (await client.post("/runs", json=body, headers=STARTER)).json()
+        [pending] = run["pending"]
+        assert (pending["call_id"], pending["tool"]) == ("toolu_01", "send_email")
+        await decide(client, pending["approval_id"], action="approve")
+        done = (await client.get(f"/runs/{run['run_id']}?wait=15", headers=LEAD)).json()
+    assert done["status"] == "finished", done
+    assert emails == [{"to": "bob@example.com", "subject": "Hello", "body": "Hello!"}]
+    assert done["final_text"].startswith("Done.")
