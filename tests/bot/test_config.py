@@ -501,8 +501,8 @@ def test_an_unknown_top_level_key_names_the_file_line_and_expected_keys(tmp_path
     problem = only_problem(tmp_path, "server: {}\nservers:\n  port: 1\n")
     assert problem == (
         f"{tmp_path / 'nodbot.yml'}:2: servers: unknown key 'servers'; expected one of: "
-        "store, server, workers, agents, external_tools, reviewer_groups, people, rules, "
-        "defaults, slack, email, api, web, webhooks, audit, log"
+        "store, server, workers, agents, framework_agents, external_tools, reviewer_groups, "
+        "people, rules, defaults, slack, email, api, web, webhooks, audit, log"
     )
 
 
