@@ -60,6 +60,62 @@ Limits:
 - Only function approvals are this bridge's: other user input requests (such as OAuth consent)
   are left out of the resume; answer them yourself.
 - A decision answers one call once: resolving the same requests again opens new reviews.
+
+## Run by the bot: `HostedAgentFramework`
+
+The bot can run an Agent Framework agent itself (`bridges.hosted`): name an instance of
+`HostedAgentFramework` (or a zero-argument callable returning one) under `framework_agents:`
+in `nodbot.yml`, and `POST /runs` starts it; its calls are reviewed by the rules, and the bot
+resumes it once every call is decided.
+
+```python
+# shop/agents.py
+from agent_framework import Agent
+from nodbot.core.bridges.agent_framework import HostedAgentFramework
+
+hosted = HostedAgentFramework(Agent(client, name="support", tools=[refund]))
+```
+
+```yaml
+# nodbot.yml
+framework_agents:
+  support: "shop.agents:hosted"
+```
+
+- `start(text, run_id=...)` runs the agent on `text` in a new `AgentSession` (whose
+  `session_id` is the run id) and returns a `HostedStep`: the session serialized with
+  `AgentSession.to_dict()` (its history and the approval requests it recorded as pending, in
+  an envelope naming the adapter, its version, the run id, the agent's name and the pending
+  requests' ids) as `state`; one `PendingCall` per `function_approval_request` of the response
+  (the model's `call_id`, the tool, its arguments and the tool's JSON schema); or
+  `final_text` (the response's text) once the run finished.
+- `resume(state, resolutions, run_id=...)` restores the session with
+  `AgentSession.from_dict`, builds the approval response `Message` from the resolutions as
+  `resolve_approvals` does (approve; an edit as a denial naming the edited call; a denial with
+  its reason), and runs the agent with it in the restored session, returning the next
+  `HostedStep`.
+
+Nothing stays in memory between steps: `resume` may run in another process, with another
+instance built the same way (same name and tools). Limits, besides the ones above (edits do not
+run, and the model is told the framework's fixed rejection text, not the reviewer's reason:
+that reason, or the edited call, stays in the session's history with its approval response,
+under `additional_properties["reason"]`, so the next state holds it):
+- The session must keep its history in itself, as the agent's default in-memory history does;
+  with a service-side history (a `service_session_id`) only the id is kept, and the service
+  must still hold the conversation when the run resumes. Every value of the session's state
+  must be serializable by `AgentSession.to_dict()` to JSON (else `start` or `resume` raises
+  `ValueError`).
+- `resume` raises `ValueError` for a state that is not this adapter's (not JSON, another
+  adapter's or version's, another run's or agent's, or one the framework cannot restore), and
+  `StaleResume` when the resolutions do not answer exactly the state's pending calls (same
+  call ids, tools and arguments, in order), when those requests are no longer pending in the
+  restored session or open in its history's last turn, or when the state has finished; it
+  runs nothing then.
+- The state is plain text, so the adapter cannot tell whether a state was resumed already:
+  resuming the same state twice would run its approved calls twice. The bot resumes each step
+  at most once and takes each decision once; if you call `resume` yourself, do the same.
+- A run that stops for user input other than function approvals (OAuth consent, say) raises
+  `RuntimeError`: the bot cannot answer it (the run fails).
 """
 
 from __future__ import annotations
@@ -70,6 +126,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from agent_framework import (
+    AgentResponse,
     AgentSession,
     Content,
     FunctionTool,
@@ -83,8 +140,9 @@ from agent_framework import (
 from agent_framework._tools import _load_pending_approval_requests
 
 from nodbot.core.bridges.common import PendingCall, Resolution, Reviews, StaleResume, resolve_calls
+from nodbot.core.bridges.hosted import HostedStep
 
-__all__ = ["EDITS_NOT_RUN", "resolve_approvals", "tool_schemas"]
+__all__ = ["EDITS_NOT_RUN", "HostedAgentFramework", "resolve_approvals", "tool_schemas"]
 
 EDITS_NOT_RUN = (
     "This agent cannot run edited arguments: an edit denies this call (it does not run), and "
@@ -234,3 +292,133 @@ def _check_all_in(requests: Sequence[Content], pending: Sequence[Content], where
                 f"approval request {request.id!r} ({call.name}, call id {call.call_id!r}) is no "
                 f"longer {where}: the thread moved on since it was read; nothing was resumed"
             )
+
+
+_KIND = "nodbot.bridges.agent_framework.HostedAgentFramework"
+_VERSION = 1
+
+
+class HostedAgentFramework:
+    """An Agent Framework agent the bot runs itself (`bridges.hosted.HostedAgent`; see the
+    module)."""
+
+    def __init__(self, agent: RawAgent[Any]) -> None:
+        self.agent = agent
+        """The agent every run starts with (and the one sessions are resumed with)."""
+
+    async def start(self, text: str, *, run_id: str) -> HostedStep:
+        """Run the agent on `text` in a new session until it finishes or pauses for approvals.
+
+        Raises `RuntimeError` when it stops for input other than function approvals, and
+        `ValueError` when its session cannot be serialized."""
+        session = self.agent.create_session(session_id=run_id)
+        response = await self.agent.run(text, session=session)
+        return self._step(response, session, run_id)
+
+    async def resume(
+        self, state: str, resolutions: Sequence[Resolution], *, run_id: str
+    ) -> HostedStep:
+        """Answer the restored session's pending requests with `resolutions` (one per pending
+        call of `state`, in order) and run the agent on until it finishes or pauses again.
+
+        Raises `ValueError` when `state` is not this adapter's state of run `run_id`, and
+        `StaleResume` when `resolutions` do not answer exactly its pending calls, or those are
+        no longer pending in the session (nothing is run then)."""
+        session, ids = self._restore(state, run_id)
+        if not ids:
+            raise StaleResume(f"run {run_id!r}: the state has finished; nothing is resumed")
+        recorded = _load_pending_approval_requests(session)
+        requests = [recorded[id_] for id_ in ids if id_ in recorded]
+        if len(requests) != len(ids):
+            raise StaleResume(
+                f"run {run_id!r}: the session no longer holds the state's pending requests; "
+                "nothing is resumed"
+            )
+        await _check_pending(requests, session, None)
+        calls = [_pending_call(request, {}) for request in requests]
+        if [_key(call) for call in calls] != [_key(r.call) for r in resolutions]:
+            raise StaleResume(
+                f"run {run_id!r}: the decisions do not answer the state's pending calls "
+                "(they belong to another step, or to other calls); nothing is resumed"
+            )
+        answer = Message(
+            role="user",
+            contents=[
+                _response(request, resolution)
+                for request, resolution in zip(requests, resolutions, strict=True)
+            ],
+        )
+        response = await self.agent.run(answer, session=session)
+        return self._step(response, session, run_id)
+
+    def _step(self, response: AgentResponse[Any], session: AgentSession, run_id: str) -> HostedStep:
+        requests = list(response.user_input_requests)
+        others = [
+            request.type for request in requests if request.type != "function_approval_request"
+        ]
+        if others:
+            raise RuntimeError(
+                f"run {run_id!r}: the agent stopped for input the bot cannot give ({others}); "
+                "only function approvals are reviewed"
+            )
+        schemas = tool_schemas(self.agent)
+        pending = tuple(_pending_call(request, schemas) for request in requests)
+        ids = [str(request.id) for request in requests]
+        state = self._dump(session, ids, run_id)
+        return HostedStep(state=state, pending=pending, final_text=None if ids else response.text)
+
+    def _dump(self, session: AgentSession, ids: Sequence[str], run_id: str) -> str:
+        envelope = {
+            "kind": _KIND,
+            "version": _VERSION,
+            "run_id": run_id,
+            "agent": self.agent.name,
+            "requests": list(ids),
+            "session": session.to_dict(),
+        }
+        try:
+            return json.dumps(envelope)
+        except (TypeError, ValueError) as error:
+            raise ValueError(
+                f"run {run_id!r}: the agent's session cannot be stored as JSON: {error}"
+            ) from None
+
+    def _restore(self, text: str, run_id: str) -> tuple[AgentSession, list[str]]:
+        try:
+            envelope = json.loads(text)
+        except ValueError:
+            raise ValueError("not a HostedAgentFramework state: it is not JSON") from None
+        if not isinstance(envelope, dict) or envelope.get("kind") != _KIND:
+            raise ValueError("not a HostedAgentFramework state: it names no such adapter")
+        if envelope.get("version") != _VERSION:
+            raise ValueError(
+                f"a HostedAgentFramework state of version {envelope.get('version')!r}: this "
+                f"version reads only version {_VERSION}"
+            )
+        if envelope.get("run_id") != run_id:
+            raise ValueError(
+                f"a HostedAgentFramework state of run {envelope.get('run_id')!r}, not {run_id!r}"
+            )
+        if envelope.get("agent") != self.agent.name:
+            raise ValueError(
+                f"a HostedAgentFramework state of agent {envelope.get('agent')!r}, not "
+                f"{self.agent.name!r}"
+            )
+        ids = envelope.get("requests")
+        data = envelope.get("session")
+        if not isinstance(ids, list) or not all(isinstance(id_, str) for id_ in ids):
+            raise ValueError("a HostedAgentFramework state with no list of pending requests")
+        if not isinstance(data, dict) or data.get("session_id") != run_id:
+            raise ValueError("a HostedAgentFramework state with no session of this run in it")
+        try:
+            session = AgentSession.from_dict(data)
+            _load_pending_approval_requests(session)  # the record must be readable too
+        except (ValueError, TypeError, KeyError, AttributeError) as error:
+            raise ValueError(
+                f"a HostedAgentFramework state the framework cannot restore: {error}"
+            ) from None
+        return session, ids
+
+
+def _key(call: PendingCall) -> tuple[str | None, str, dict[str, Any]]:
+    return (call.call_id, call.tool, call.arguments)
