@@ -68,15 +68,78 @@ Limits:
   API): pass `schemas` (tool name -> JSON schema) for reviewers to get an edit form; the bot
   lets reviewers edit a tool it does not have only with a schema (approve or deny
   otherwise).
+
+## Run by the bot: `HostedGoogleADK`
+
+The bot can run an ADK agent itself (`bridges.hosted`): name an instance of
+`HostedGoogleADK` (or a zero-argument callable returning one) under `framework_agents:` in
+`nodbot.yml`, and `POST /runs` starts it; its calls are reviewed by the rules, and the bot
+resumes it once every call is decided.
+
+```python
+# shop/agents.py
+from google.adk.agents import LlmAgent
+from google.adk.tools.function_tool import FunctionTool
+from nodbot.core.bridges.google_adk import HostedGoogleADK
+
+agent = LlmAgent(name="support", model="gemini-2.5-flash",
+                 tools=[FunctionTool(refund, require_confirmation=True)])
+hosted = HostedGoogleADK(agent)
+# HostedGoogleADK(agent, app_name=None, user_id="nodbot", payload_edits=(), schemas=None,
+#                 run_config=None)
+```
+
+```yaml
+# nodbot.yml
+framework_agents:
+  support: "shop.agents:hosted"
+```
+
+- `start(text, run_id=...)` creates a session (app `app_name`, the agent's name by default;
+  user `user_id`) in a fresh `InMemoryRunner` and runs `Runner.run_async` with `text` as the
+  new message, until the agent finishes or yields `adk_request_confirmation` calls. It returns
+  a `HostedStep`: the session as `state` (`Session.model_dump_json()`: its events and state,
+  in an envelope naming the adapter, its version, the run id, the agent, the app name, user id
+  and session id), one `PendingCall` per pending confirmation (as `pending_confirmations`
+  reads them: the original call's id, tool and arguments; the tool's hint as the description,
+  with the edit notice for a tool not in `payload_edits`; the schema from `schemas`), or
+  `final_text` (the text of the agent's last final response) once no confirmation is pending.
+- `resume(state, resolutions, run_id=...)` restores the session (`Session.model_validate_json`)
+  into a fresh runner's `InMemorySessionService` (`create_session` with its id and state, then
+  `append_event` for each of its events), answers each confirmation as
+  `resolve_confirmations` does (the table above; `payload_edits` alike), sends the answers as
+  the new message and returns the next `HostedStep`.
+
+Nothing stays in memory between steps: `resume` may run in another process, with another
+instance built the same way (the same agent name, app name and tools). Limits, besides the
+ones above:
+- Only the session is kept: artifacts and memory (the runner's in-memory services) do not
+  outlive a step, and `app:` / `user:` state is kept as the session saw it, per run.
+- `resume` raises `ValueError` for a state that is not this adapter's (not JSON, another
+  adapter's or version's, another run's, agent's or app's, or a session ADK cannot read), and
+  `StaleResume` when the resolutions do not answer exactly the session's pending
+  confirmations (same call ids, tools and arguments, in order), for instance the previous
+  step's decisions given with this step's state, or when the session has finished; it runs
+  nothing then.
+- The state is plain text, so the adapter cannot tell whether a state was resumed already:
+  resuming the same state twice would run its approved calls twice. The bot resumes each step
+  at most once and takes each decision once; if you call `resume` yourself, do the same.
+- A denial's reason reaches the model only through a tool that reads its confirmation's
+  payload and returns it; ADK's `FunctionTool` tells the model "This tool call is rejected."
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import pydantic
+from google.adk.agents.base_agent import BaseAgent
+from google.adk.agents.run_config import RunConfig
 from google.adk.events.event import Event
+from google.adk.runners import InMemoryRunner
 from google.adk.sessions.base_session_service import BaseSessionService
 from google.adk.sessions.session import Session
 from google.adk.tools.tool_confirmation import ToolConfirmation
@@ -89,9 +152,11 @@ from nodbot.core.bridges.common import (
     StaleResume,
     resolve_calls,
 )
+from nodbot.core.bridges.hosted import HostedStep
 
 __all__ = [
     "REQUEST_CONFIRMATION",
+    "HostedGoogleADK",
     "PendingConfirmation",
     "pending_confirmations",
     "resolve_confirmations",
@@ -257,3 +322,182 @@ def _answer(request_id: str, resolution: Resolution, payload_edits: Collection[s
             name=REQUEST_CONFIRMATION, id=request_id, response=response
         )
     )
+
+
+_KIND = "nodbot.bridges.google_adk.HostedGoogleADK"
+_VERSION = 1
+_CallKey = tuple[str | None, str, dict[str, Any]]
+
+
+class HostedGoogleADK:
+    """An ADK agent the bot runs itself (`bridges.hosted.HostedAgent`; see the module)."""
+
+    def __init__(
+        self,
+        agent: BaseAgent,
+        *,
+        app_name: str | None = None,
+        user_id: str = "nodbot",
+        payload_edits: Collection[str] = (),
+        schemas: Mapping[str, dict[str, Any]] | None = None,
+        run_config: RunConfig | None = None,
+    ) -> None:
+        self.agent = agent
+        """The root agent every step runs (and the one states are restored for)."""
+        self.app_name = app_name or agent.name
+        """The ADK app name of every session; the agent's name unless given."""
+        self.user_id = user_id
+        """The ADK user id of every session."""
+        self.payload_edits = frozenset(payload_edits)
+        """The tools that read edited arguments from their confirmation's payload."""
+        self.schemas = dict(schemas or {})
+        """The JSON schemas of tools' arguments, by tool name, for reviewers' edit forms."""
+        self.run_config = run_config
+        """Passed to every `Runner.run_async`; None for ADK's default."""
+
+    async def start(self, text: str, *, run_id: str) -> HostedStep:
+        """Run the agent on `text` in a new session until it finishes or pauses for
+        confirmations."""
+        runner = self._runner()
+        session = await runner.session_service.create_session(
+            app_name=self.app_name, user_id=self.user_id
+        )
+        message = types.Content(role="user", parts=[types.Part(text=text)])
+        return await self._run(runner, session, message, run_id)
+
+    async def resume(
+        self, state: str, resolutions: Sequence[Resolution], *, run_id: str
+    ) -> HostedStep:
+        """Answer the session's pending confirmations with `resolutions` (one per pending
+        call of `state`, in order) and run the agent on until it finishes or pauses again.
+
+        Raises `ValueError` when `state` is not this adapter's state of run `run_id`, and
+        `StaleResume` when `resolutions` do not answer exactly its pending calls, or it has
+        finished (nothing runs then)."""
+        saved = self._load(state, run_id)
+        pending = pending_confirmations(saved)
+        if not pending:
+            raise StaleResume(f"run {run_id!r}: the state has finished; nothing is resumed")
+        if [_call_key(item.call) for item in pending] != [_call_key(r.call) for r in resolutions]:
+            raise StaleResume(
+                f"run {run_id!r}: the decisions do not answer the state's pending calls "
+                "(they belong to another step, or to other calls); nothing is resumed"
+            )
+        parts = [
+            _answer(item.request_id, resolution, self.payload_edits)
+            for item, resolution in zip(pending, resolutions, strict=True)
+            if item.request_id
+        ]
+        if not parts:
+            raise ValueError(
+                f"run {run_id!r}: no pending confirmation of the state has an id to answer"
+            )
+        runner = self._runner()
+        session = await _restore(runner.session_service, saved)
+        return await self._run(runner, session, types.Content(role="user", parts=parts), run_id)
+
+    def _runner(self) -> InMemoryRunner:
+        # A fresh in-memory runner each step: the session lives in the state, not here. It is
+        # not closed, since closing a runner closes the agent's toolsets, which later steps
+        # (and other runs) use.
+        return InMemoryRunner(agent=self.agent, app_name=self.app_name)
+
+    async def _run(
+        self, runner: InMemoryRunner, session: Session, message: types.Content, run_id: str
+    ) -> HostedStep:
+        events = [
+            event
+            async for event in runner.run_async(
+                user_id=session.user_id,
+                session_id=session.id,
+                new_message=message,
+                run_config=self.run_config,
+            )
+        ]
+        current = await runner.session_service.get_session(
+            app_name=session.app_name, user_id=session.user_id, session_id=session.id
+        )
+        if current is None:  # cannot be: nothing deletes it
+            raise RuntimeError(f"run {run_id!r}: the ADK session {session.id} is gone")
+        pending = pending_confirmations(current)
+        calls = tuple(_described(item.call, self.payload_edits, self.schemas) for item in pending)
+        final = None if pending else _final_text(events)
+        return HostedStep(state=self._dump(current, run_id), pending=calls, final_text=final)
+
+    def _dump(self, session: Session, run_id: str) -> str:
+        envelope = {
+            "kind": _KIND,
+            "version": _VERSION,
+            "run_id": run_id,
+            "agent": self.agent.name,
+            "app_name": session.app_name,
+            "user_id": session.user_id,
+            "session_id": session.id,
+            "session": session.model_dump_json(),
+        }
+        return json.dumps(envelope)
+
+    def _load(self, state: str, run_id: str) -> Session:
+        """The session kept in `state`; `ValueError` unless it is this adapter's state of
+        run `run_id`."""
+        try:
+            envelope = json.loads(state)
+        except ValueError:
+            raise ValueError("not a HostedGoogleADK state: it is not JSON") from None
+        if not isinstance(envelope, dict) or envelope.get("kind") != _KIND:
+            raise ValueError("not a HostedGoogleADK state: it names no such adapter")
+        if envelope.get("version") != _VERSION:
+            raise ValueError(
+                f"a HostedGoogleADK state of version {envelope.get('version')!r}: this "
+                f"version reads only version {_VERSION}"
+            )
+        expected = {"run_id": run_id, "agent": self.agent.name, "app_name": self.app_name}
+        for key, value in expected.items():
+            if envelope.get(key) != value:
+                raise ValueError(
+                    f"a HostedGoogleADK state of {key} {envelope.get(key)!r}, not {value!r}"
+                )
+        kept = envelope.get("session")
+        if not isinstance(kept, str):
+            raise ValueError("a HostedGoogleADK state with no session in it")
+        try:
+            session = Session.model_validate_json(kept)
+        except pydantic.ValidationError as error:
+            raise ValueError(
+                f"a HostedGoogleADK state with no valid ADK session: {error}"
+            ) from None
+        named = (envelope.get("app_name"), envelope.get("user_id"), envelope.get("session_id"))
+        if (session.app_name, session.user_id, session.id) != named:
+            raise ValueError("a HostedGoogleADK state whose session is not the one it names")
+        return session
+
+
+async def _restore(service: BaseSessionService, saved: Session) -> Session:
+    """`saved`, imported into the (empty) `service`: created with its id and state, then
+    each of its events appended, in order."""
+    session = await service.create_session(
+        app_name=saved.app_name, user_id=saved.user_id, state=saved.state, session_id=saved.id
+    )
+    for event in saved.events:
+        # Each event's state delta is applied again on top of the saved state: the last
+        # delta of each key is its saved value, so the state comes out as it was saved.
+        await service.append_event(session, event)
+    return session
+
+
+def _call_key(call: PendingCall) -> _CallKey:
+    return (call.call_id, call.tool, call.arguments)
+
+
+def _final_text(events: Sequence[Event]) -> str | None:
+    """The text of the last final response of `events` (thoughts left out)."""
+    for event in reversed(events):
+        if event.author != "user" and event.is_final_response() and event.content:
+            texts = [
+                part.text or ""
+                for part in event.content.parts or []
+                if part.text and not part.thought
+            ]
+            if texts:
+                return "".join(texts)
+    return None
