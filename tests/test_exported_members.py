@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 from nodbot import core
 
 EXPECTED = {
@@ -120,3 +123,21 @@ def test_every_exported_exception_derives_from_nodbot_error() -> None:
 def test_public_classes_have_docstrings() -> None:
     classes = [getattr(core, n) for n in core.__all__ if isinstance(getattr(core, n), type)]
     assert [cls.__name__ for cls in classes if not cls.__doc__] == []
+
+
+def test_the_core_imports_no_agent_framework() -> None:
+    """Each bridge is an extra: importing the core, its client and the bridges' common part
+    loads none of the frameworks (only a bridge module of its own does)."""
+    code = (
+        "import sys\n"
+        "import nodbot, nodbot.core, nodbot.core.client, nodbot.core.bridges\n"
+        "import nodbot.core.bridges.common, nodbot.core.bridges.hosted, nodbot.bot.serve\n"
+        "frameworks = ('langgraph', 'langchain', 'pydantic_ai', 'agents', 'agent_framework',\n"
+        "              'google.adk', 'mcp')\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in frameworks\n"
+        "             or m.startswith('google.adk')))\n"
+    )
+    found = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    ).stdout.strip()
+    assert found == "[]"
