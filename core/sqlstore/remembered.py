@@ -7,46 +7,28 @@ first use once the store has checked the schema.
 
 from __future__ import annotations
 
-import asyncio
 import json
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
 from sqlalchemy import Row, insert, select, update
-from sqlalchemy.engine import URL
-from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from nodbot.core.calls import new_id
 from nodbot.core.remembered import RememberedApproval, RememberedNotFound
+from nodbot.core.sqlstore.beside import BesideTheStore
 from nodbot.core.sqlstore.engine import translate_errors
 from nodbot.core.sqlstore.schema import remembered
-from nodbot.core.store import utc_now
 from nodbot.core.tools import canonical_json
 
 __all__ = ["SqlRememberedApprovals"]
 
 
-class SqlRememberedApprovals:
+class SqlRememberedApprovals(BesideTheStore):
     """`core.remembered.RememberedApprovals` in the `remembered` table of the database at
     `url`; `ready` opens the store (checking or migrating its schema) before the first use.
     Every failure of the database is a `StoreUnavailableError`: the rules then ask a
     reviewer, as if nothing were remembered."""
-
-    def __init__(
-        self,
-        url: URL,
-        *,
-        ready: Callable[[], Awaitable[object]],
-        clock: Callable[[], datetime] = utc_now,
-        lock_timeout: float = 30.0,
-    ) -> None:
-        self._url = url
-        self._ready = ready
-        self._clock = clock
-        self._lock_timeout = lock_timeout
-        self._engine: AsyncEngine | None = None
-        self._opening = asyncio.Lock()
 
     async def remember(
         self,
@@ -128,31 +110,11 @@ class SqlRememberedApprovals:
             raise RememberedNotFound(remember_id)
         return _record(found)
 
-    async def close(self) -> None:
-        """Close the connections; they are opened again on the next use."""
-        engine, self._engine = self._engine, None
-        if engine is not None:
-            with translate_errors(self._url):
-                await engine.dispose()
-
     async def _rows(self, query: Any) -> Sequence[Row[Any]]:
         engine = await self._opened()
         with translate_errors(self._url):
             async with engine.connect() as connection:
                 return list((await connection.execute(query)).all())
-
-    async def _opened(self) -> AsyncEngine:
-        if self._engine is not None:
-            return self._engine
-        async with self._opening:
-            if self._engine is None:
-                await self._ready()
-                if self._url.get_backend_name() == "sqlite":
-                    args = {"timeout": self._lock_timeout}
-                    self._engine = create_async_engine(self._url, connect_args=args)
-                else:
-                    self._engine = create_async_engine(self._url)
-        return self._engine
 
 
 def _record(row: Row[Any]) -> RememberedApproval:

@@ -7,38 +7,17 @@ first use once the store has checked the schema.
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import Awaitable, Callable
-from datetime import datetime
-
 from sqlalchemy import delete, insert, select, update
-from sqlalchemy.engine import URL
-from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
+from nodbot.core.sqlstore.beside import BesideTheStore
 from nodbot.core.sqlstore.engine import translate_errors
 from nodbot.core.sqlstore.schema import run_states
-from nodbot.core.store import utc_now
 
 __all__ = ["SqlRunStates"]
 
 
-class SqlRunStates:
+class SqlRunStates(BesideTheStore):
     """`core.bridges.hosted.RunStates` in the `run_states` table of the database at `url`."""
-
-    def __init__(
-        self,
-        url: URL,
-        *,
-        ready: Callable[[], Awaitable[object]],
-        clock: Callable[[], datetime] = utc_now,
-        lock_timeout: float = 30.0,
-    ) -> None:
-        self._url = url
-        self._ready = ready
-        self._clock = clock
-        self._lock_timeout = lock_timeout
-        self._engine: AsyncEngine | None = None
-        self._opening = asyncio.Lock()
 
     async def get(self, run_id: str) -> str | None:
         engine = await self._opened()
@@ -68,22 +47,3 @@ class SqlRunStates:
         with translate_errors(self._url):
             async with engine.begin() as connection:
                 await connection.execute(delete(run_states).where(run_states.c.run_id == run_id))
-
-    async def close(self) -> None:
-        engine, self._engine = self._engine, None
-        if engine is not None:
-            with translate_errors(self._url):
-                await engine.dispose()
-
-    async def _opened(self) -> AsyncEngine:
-        if self._engine is not None:
-            return self._engine
-        async with self._opening:
-            if self._engine is None:
-                await self._ready()
-                if self._url.get_backend_name() == "sqlite":
-                    args = {"timeout": self._lock_timeout}
-                    self._engine = create_async_engine(self._url, connect_args=args)
-                else:
-                    self._engine = create_async_engine(self._url)
-        return self._engine

@@ -19,17 +19,13 @@ drivers (`sqlite.py`, `postgres.py`), which this leaves alone.
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import Awaitable, Callable
 from datetime import datetime
 
 from sqlalchemy import and_, delete, insert, literal, or_, select, true
-from sqlalchemy.engine import URL
-from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
+from nodbot.core.sqlstore.beside import BesideTheStore
 from nodbot.core.sqlstore.engine import translate_errors
 from nodbot.core.sqlstore.schema import revocations
-from nodbot.core.store import utc_now
 
 __all__ = ["SqlSessionRevocations"]
 
@@ -37,28 +33,13 @@ _SESSION = "session"
 _PRINCIPAL = "principal"
 
 
-class SqlSessionRevocations:
+class SqlSessionRevocations(BesideTheStore):
     """`core.store.SessionRevocations` in the `revocations` table of the database at `url`.
 
     `ready` opens the store (checking or migrating its schema) before the first use; a write
     waits up to `lock_timeout` seconds for another SQLite writer. Every failure of the
     database is a `StoreUnavailableError`, which the inbox answers by trusting no session.
     """
-
-    def __init__(
-        self,
-        url: URL,
-        *,
-        ready: Callable[[], Awaitable[object]],
-        clock: Callable[[], datetime] = utc_now,
-        lock_timeout: float = 30.0,
-    ) -> None:
-        self._url = url
-        self._ready = ready
-        self._clock = clock
-        self._lock_timeout = lock_timeout
-        self._engine: AsyncEngine | None = None
-        self._opening = asyncio.Lock()
 
     async def revoke_session(
         self, session_id: str, *, until: datetime, at: datetime | None = None
@@ -96,13 +77,6 @@ class SqlSessionRevocations:
                 found = await connection.scalar(query)
         return found is not None
 
-    async def close(self) -> None:
-        """Close the connections; they are opened again on the next use."""
-        engine, self._engine = self._engine, None
-        if engine is not None:
-            with translate_errors(self._url):
-                await engine.dispose()
-
     async def _insert(
         self,
         kind: str,
@@ -125,18 +99,3 @@ class SqlSessionRevocations:
                 # rather than by a worker of its own.
                 await connection.execute(delete(revocations).where(revocations.c.expires_at <= now))
                 await connection.execute(insert(revocations).values(row))
-
-    async def _opened(self) -> AsyncEngine:
-        if self._engine is not None:
-            return self._engine
-        async with self._opening:
-            if self._engine is None:
-                await self._ready()
-                self._engine = self._connect()
-        return self._engine
-
-    def _connect(self) -> AsyncEngine:
-        if self._url.get_backend_name() == "sqlite":
-            # The schema check set WAL on the file; reads then never wait for writers.
-            return create_async_engine(self._url, connect_args={"timeout": self._lock_timeout})
-        return create_async_engine(self._url)
