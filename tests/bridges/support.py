@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -117,6 +117,95 @@ async def bridged_bot(
             ) as reviewer,
         ):
             yield Bridged(served, client, reviewer)
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
+# --- agents of other frameworks hosted by the bot ---------------------------------------------
+
+STARTER = "token-of-the-starter-00000000000"
+
+HOSTED_CONFIG = """
+store: {{url: "sqlite:///{db}"}}
+server: {{host: 127.0.0.1, port: 0}}
+workers: {{poll: 0.1}}
+api:
+  tokens:
+    - {{name: starter, token: "${{NODBOT_HOSTED_STARTER}}", scopes: [runs:write]}}
+    - {{name: {reviewer}, token: "${{NODBOT_BRIDGE_REVIEWER}}",
+        scopes: [approvals:read, approvals:decide]}}
+framework_agents:
+{agents}
+external_tools: [{tools}]
+rules:
+{rules}
+"""
+
+
+@dataclass
+class Hosted:
+    """A bot hosting agents of other frameworks, and a client of its API: `start` a run as
+    the starter, `decide` as the reviewer, wait until it has `finished`."""
+
+    served: Served
+    http: httpx.AsyncClient
+
+    async def start(self, agent: str, text: str) -> dict[str, Any]:
+        answer = await self.http.post(
+            "/runs",
+            json={"agent": agent, "input": text},
+            headers={"Authorization": f"Bearer {STARTER}"},
+        )
+        assert answer.status_code == 201, answer.text
+        found: dict[str, Any] = answer.json()
+        return found
+
+    async def decide(self, approval_id: str, **body: Any) -> None:
+        answer = await self.http.post(
+            f"/approvals/{approval_id}/decide",
+            json=body,
+            headers={"Authorization": f"Bearer {REVIEWER_TOKEN}"},
+        )
+        assert answer.status_code == 200, answer.text
+
+    async def finished(self, run_id: str) -> dict[str, Any]:
+        """The run once it has settled again (15 s at most), as `GET /runs/{id}` shows it."""
+        answer = await self.http.get(
+            f"/runs/{run_id}?wait=15", headers={"Authorization": f"Bearer {REVIEWER_TOKEN}"}
+        )
+        found: dict[str, Any] = answer.json()
+        return found
+
+
+@contextlib.asynccontextmanager
+async def hosted_bot(
+    tmp_path: Path, agents: Mapping[str, str], tools: Sequence[str]
+) -> AsyncIterator[Hosted]:
+    """The bot hosting `agents` (name -> import path, as `framework_agents:` takes them),
+    every call of `tools` reviewed by the reviewer."""
+    path = tmp_path / "nodbot.yml"
+    path.write_text(
+        HOSTED_CONFIG.format(
+            db=tmp_path / "nodbot.db",
+            reviewer=REVIEWER,
+            agents="\n".join(f"  {name}: {target}" for name, target in agents.items()),
+            tools=", ".join(tools),
+            rules="\n".join(review_rule(tool) for tool in tools),
+        )
+    )
+    names = ("NODBOT_HOSTED_STARTER", "NODBOT_BRIDGE_REVIEWER")
+    saved = {name: os.environ.get(name) for name in names}
+    os.environ.update(NODBOT_HOSTED_STARTER=STARTER, NODBOT_BRIDGE_REVIEWER=REVIEWER_TOKEN)
+    try:
+        async with (
+            serving(str(path)) as served,
+            httpx.AsyncClient(base_url=served.url, timeout=30) as http,
+        ):
+            yield Hosted(served, http)
     finally:
         for name, value in saved.items():
             if value is None:

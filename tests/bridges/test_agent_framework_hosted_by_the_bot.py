@@ -10,18 +10,15 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 from agent_framework import Agent
 
-from nodbot.bot.serve import Served, serving
 from nodbot.core.bridges.agent_framework import HostedAgentFramework
+from tests.bridges.support import Hosted, hosted_bot
 from tests.bridges.test_agent_framework import REJECTED, ScriptedChatClient, calls, text
 from tests.bridges.test_agent_framework_hosted import shop_tools
 
 ROOT = Path(__file__).resolve().parents[2]
-STARTER = {"Authorization": "Bearer token-of-the-starter-00000000000"}
-LEAD = {"Authorization": "Bearer token-of-the-lead-00000000000"}
 ran: list[tuple[str, dict[str, Any]]] = []
 """Every real run of the agent's tools."""
 clients: list[ScriptedChatClient] = []
@@ -43,56 +40,31 @@ def agent_framework_agent() -> HostedAgentFramework:
     return HostedAgentFramework(Agent(client, name="support", tools=shop_tools(ran)))
 
 
-CONFIG = """
-store: {{url: "sqlite:///{db}"}}
-server: {{host: 127.0.0.1, port: 0}}
-workers: {{poll: 0.1}}
-api:
-  tokens:
-    - {{name: starter, token: token-of-the-starter-00000000000, scopes: [runs:write]}}
-    - {{name: lead@example.com, token: token-of-the-lead-00000000000,
-        scopes: [approvals:read, approvals:decide]}}
-framework_agents:
-  support: tests.bridges.test_agent_framework_hosted_by_the_bot:agent_framework_agent
-external_tools: [refund, notify]
-rules:
-  - tool: refund
-    reviewers: [lead@example.com]
-  - tool: notify
-    reviewers: [lead@example.com]
-"""
-
-
 @pytest.fixture
-async def bot(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[Served]:
+async def bot(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[Hosted]:
     monkeypatch.chdir(ROOT)
     ran.clear()
     clients.clear()
-    path = tmp_path / "nodbot.yml"
-    path.write_text(CONFIG.format(db=tmp_path / "nodbot.db"))
-    async with serving(str(path)) as served:
-        yield served
+    async with hosted_bot(
+        tmp_path,
+        {"support": "tests.bridges.test_agent_framework_hosted_by_the_bot:agent_framework_agent"},
+        ["refund", "notify"],
+    ) as hosted:
+        yield hosted
 
 
-async def decide(client: httpx.AsyncClient, approval_id: str, **body: Any) -> None:
-    answer = await client.post(f"/approvals/{approval_id}/decide", json=body, headers=LEAD)
-    assert answer.status_code == 200, answer.text
-
-
-async def test_a_hosted_agent_framework_agent_is_reviewed_and_resumed(bot: Served) -> None:
-    async with httpx.AsyncClient(base_url=bot.url, timeout=30) as client:
-        body = {"agent": "support", "input": "refund o-7 and tell c-9"}
-        run = (await client.post("/runs", json=body, headers=STARTER)).json()
-        assert run["status"] == "waiting", run
-        by_call = {p["call_id"]: p for p in run["pending"]}
-        assert {call: p["tool"] for call, p in by_call.items()} == {
-            "call_1": "refund",
-            "call_2": "notify",
-        }
-        assert ran == []
-        await decide(client, by_call["call_1"]["approval_id"], action="approve")
-        await decide(client, by_call["call_2"]["approval_id"], action="deny", reason="not now")
-        done = (await client.get(f"/runs/{run['run_id']}?wait=15", headers=LEAD)).json()
+async def test_a_hosted_agent_framework_agent_is_reviewed_and_resumed(bot: Hosted) -> None:
+    run = await bot.start("support", "refund o-7 and tell c-9")
+    assert run["status"] == "waiting", run
+    by_call = {p["call_id"]: p for p in run["pending"]}
+    assert {call: p["tool"] for call, p in by_call.items()} == {
+        "call_1": "refund",
+        "call_2": "notify",
+    }
+    assert ran == []
+    await bot.decide(by_call["call_1"]["approval_id"], action="approve")
+    await bot.decide(by_call["call_2"]["approval_id"], action="deny", reason="not now")
+    done = await bot.finished(run["run_id"])
     assert done["status"] == "finished", done
     assert done["final_text"] == "refund handled"
     assert ran == [("refund", {"order_id": "o-7", "amount": 500.0})]

@@ -11,22 +11,19 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 from agents import Agent as OpenAIAgent
 from agents.testing import ScriptedModel, assistant_message, function_call
 
-from nodbot.bot.serve import Served, serving
 from nodbot.core.bridges.openai_agents import HostedOpenAIAgent
 from nodbot.core.bridges.pydantic_ai import HostedPydanticAI
+from tests.bridges.support import Hosted, hosted_bot
 from tests.bridges.test_langgraph import SEED_HITL, email_call
 from tests.bridges.test_langgraph_hosted import hosted_agent
 from tests.bridges.test_openai_agents_hosted import refund_tool
 from tests.bridges.test_pydantic_ai_hosted import Shop, refund_call
 
 ROOT = Path(__file__).resolve().parents[2]
-STARTER = {"Authorization": "Bearer token-of-the-starter-00000000000"}
-LEAD = {"Authorization": "Bearer token-of-the-lead-00000000000"}
 refunds: list[dict[str, Any]] = []
 """Every real run of the agents' refund tools."""
 emails: list[dict[str, str]] = []
@@ -53,84 +50,54 @@ def openai_agent() -> HostedOpenAIAgent:
     return HostedOpenAIAgent(OpenAIAgent(name="support", model=model, tools=[refund_tool(refunds)]))
 
 
-CONFIG = """
-store: {{url: "sqlite:///{db}"}}
-server: {{host: 127.0.0.1, port: 0}}
-workers: {{poll: 0.1}}
-api:
-  tokens:
-    - {{name: starter, token: token-of-the-starter-00000000000, scopes: [runs:write]}}
-    - {{name: lead@example.com, token: token-of-the-lead-00000000000,
-        scopes: [approvals:read, approvals:decide]}}
-framework_agents:
-  shop: tests.bridges.test_hosted_by_the_bot:pydantic_agent
-  support: tests.bridges.test_hosted_by_the_bot:openai_agent
-  mailer: tests.bridges.test_hosted_by_the_bot:langgraph_agent
-external_tools: [refund, send_email]
-rules:
-  - tool: refund
-    reviewers: [lead@example.com]
-  - tool: send_email
-    reviewers: [lead@example.com]
-"""
-
-
 @pytest.fixture
-async def bot(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[Served]:
+async def bot(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[Hosted]:
     monkeypatch.chdir(ROOT)
     refunds.clear()
     emails.clear()
-    path = tmp_path / "nodbot.yml"
-    path.write_text(CONFIG.format(db=tmp_path / "nodbot.db"))
-    async with serving(str(path)) as served:
-        yield served
+    async with hosted_bot(
+        tmp_path,
+        {
+            "shop": "tests.bridges.test_hosted_by_the_bot:pydantic_agent",
+            "support": "tests.bridges.test_hosted_by_the_bot:openai_agent",
+            "mailer": "tests.bridges.test_hosted_by_the_bot:langgraph_agent",
+        },
+        ["refund", "send_email"],
+    ) as hosted:
+        yield hosted
 
 
-async def decide(client: httpx.AsyncClient, approval_id: str, **body: Any) -> None:
-    answer = await client.post(f"/approvals/{approval_id}/decide", json=body, headers=LEAD)
-    assert answer.status_code == 200, answer.text
-
-
-async def test_a_hosted_pydantic_ai_agent_is_reviewed_and_resumed(bot: Served) -> None:
-    async with httpx.AsyncClient(base_url=bot.url, timeout=30) as client:
-        run = (
-            await client.post("/runs", json={"agent": "shop", "input": "refunds"}, headers=STARTER)
-        ).json()
-        assert run["status"] == "waiting"
-        by_call = {p["call_id"]: p for p in run["pending"]}
-        assert sorted(by_call) == ["call_1", "call_2"]
-        assert refunds == []
-        await decide(
-            client, by_call["call_1"]["approval_id"], action="edit", arguments={"amount": 450}
-        )
-        await decide(client, by_call["call_2"]["approval_id"], action="deny", reason="no receipt")
-        done = (await client.get(f"/runs/{run['run_id']}?wait=15", headers=LEAD)).json()
+async def test_a_hosted_pydantic_ai_agent_is_reviewed_and_resumed(bot: Hosted) -> None:
+    run = await bot.start("shop", "refunds")
+    assert run["status"] == "waiting"
+    by_call = {p["call_id"]: p for p in run["pending"]}
+    assert sorted(by_call) == ["call_1", "call_2"]
+    assert refunds == []
+    await bot.decide(by_call["call_1"]["approval_id"], action="edit", arguments={"amount": 450})
+    await bot.decide(by_call["call_2"]["approval_id"], action="deny", reason="no receipt")
+    done = await bot.finished(run["run_id"])
     assert done["status"] == "finished", done
     assert refunds == [{"order_id": "o-7", "amount": 450}]
     assert "refunded 450.0 on o-7" in done["final_text"] and "no receipt" in done["final_text"]
 
 
-async def test_a_hosted_openai_agent_is_reviewed_and_resumed(bot: Served) -> None:
-    async with httpx.AsyncClient(base_url=bot.url, timeout=30) as client:
-        body = {"agent": "support", "input": "refund o-9"}
-        run = (await client.post("/runs", json=body, headers=STARTER)).json()
-        [pending] = run["pending"]
-        assert (pending["call_id"], pending["tool"]) == ("call_1", "refund")
-        await decide(client, pending["approval_id"], action="approve")
-        done = (await client.get(f"/runs/{run['run_id']}?wait=15", headers=LEAD)).json()
+async def test_a_hosted_openai_agent_is_reviewed_and_resumed(bot: Hosted) -> None:
+    run = await bot.start("support", "refund o-9")
+    [pending] = run["pending"]
+    assert (pending["call_id"], pending["tool"]) == ("call_1", "refund")
+    await bot.decide(pending["approval_id"], action="approve")
+    done = await bot.finished(run["run_id"])
     assert done["status"] == "finished", done
     assert done["final_text"] == "refund handled"
     assert refunds == [{"order_id": "o-9", "amount": 300}]
 
 
-async def test_a_hosted_langgraph_agent_is_reviewed_and_resumed(bot: Served) -> None:
-    async with httpx.AsyncClient(base_url=bot.url, timeout=30) as client:
-        body = {"agent": "mailer", "input": "Email Bob"}
-        run = (await client.post("/runs", json=body, headers=STARTER)).json()
-        [pending] = run["pending"]
-        assert (pending["call_id"], pending["tool"]) == ("toolu_01", "send_email")
-        await decide(client, pending["approval_id"], action="approve")
-        done = (await client.get(f"/runs/{run['run_id']}?wait=15", headers=LEAD)).json()
+async def test_a_hosted_langgraph_agent_is_reviewed_and_resumed(bot: Hosted) -> None:
+    run = await bot.start("mailer", "Email Bob")
+    [pending] = run["pending"]
+    assert (pending["call_id"], pending["tool"]) == ("toolu_01", "send_email")
+    await bot.decide(pending["approval_id"], action="approve")
+    done = await bot.finished(run["run_id"])
     assert done["status"] == "finished", done
     assert emails == [{"to": "bob@example.com", "subject": "Hello", "body": "Hello!"}]
     assert done["final_text"].startswith("Done.")
