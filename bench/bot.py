@@ -42,7 +42,7 @@ import sys
 import tempfile
 import time
 from collections.abc import AsyncIterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -107,11 +107,18 @@ class Throughput:
     """Per run: seconds `POST /approvals/{id}/decide` took."""
     finish: list[float]
     """Per run: seconds from the decision's answer until the run was seen finished."""
+    cpu: float = 0.0
+    """CPU seconds of the bot's process (the bot and the webhook receiver) over the workload."""
 
     @property
     def rate(self) -> float:
         """Approvals per second."""
         return self.runs / self.seconds
+
+    @property
+    def cpu_ms(self) -> float:
+        """CPU milliseconds of the bot's process per approval."""
+        return self.cpu / self.runs * 1000
 
 
 @dataclass
@@ -314,13 +321,15 @@ async def throughput(url: str, runs: int, concurrency: int, prefix: str) -> Thro
     process = context.Process(
         target=client_process, args=(url, token, runs, concurrency, prefix, answer)
     )
+    cpu = time.process_time()
     process.start()
     loop = asyncio.get_running_loop()
     try:
         result: Throughput = await loop.run_in_executor(None, answer.get, True, 10 * WAIT_LIMIT)
+        cpu = time.process_time() - cpu
     finally:
         await loop.run_in_executor(None, process.join, WAIT_LIMIT)
-    return result
+    return replace(result, cpu=cpu)
 
 
 async def measure(store_url: str, tmp: Path, args: argparse.Namespace, label: str) -> Measured:
@@ -406,6 +415,7 @@ def print_report(measured: Measured) -> None:
     print(f"[{measured.store}] approvals end to end, {t.concurrency} runs at once")
     print(f"{'runs':>6} {'seconds':>9} {'approvals/s':>12}")
     print(f"{t.runs:>6} {t.seconds:>9.3f} {t.rate:>12,.1f}")
+    print(f"CPU of the bot's process (bot and webhook receiver): {t.cpu_ms:.2f} ms per approval")
     print(f"{'per run':<26} {'mean ms':>8} {'p50 ms':>8} {'p99 ms':>8}")
     for label, values in (
         ("POST /runs", t.start),
