@@ -6,14 +6,16 @@ script prints cycles/second for each, then the ratios that GOALS.md sets goals f
 
 1. nodbot, memory store: `Executor` + `DeferredApproval(MemoryApprovalStore())`.
 2. nodbot, SQLite file: the same with `SqlApprovalStore("sqlite:///...")`, measured
-   `--rounds` times alternately with the floor; the goals compare medians.
+   `--rounds` times alternately with the floor and the peer; the goals compare the median
+   of the rounds' ratios (each ratio of two workloads measured in the same minute).
 3. nodbot, PostgreSQL: the same with `SqlApprovalStore("postgresql://...")`, one run at a
    time and 8 runs at once (PostgreSQL makes every commit durable with an fsync, which
    concurrent commits share), on a fresh database created on the server named by
    `NODBOT_BENCH_POSTGRES_URL` (default `postgresql://postgres@127.0.0.1:5432/postgres`) and
    dropped at the end. Skipped when the server is unreachable; only loopback is accepted.
 4. The peer: LangChain `create_agent` + `HumanInTheLoopMiddleware` + LangGraph `SqliteSaver`
-   on a SQLite file, driven by a fake chat model (no network).
+   on a SQLite file, driven by a fake chat model (no network): a twentieth of `--cycles`
+   each round, before nodbot in odd rounds and after it in even ones.
 5. The floor: three raw sqlite3 transactions per cycle (WAL, `synchronous=NORMAL`): insert
    a pending row, mark it decided, mark it consumed; ten times `--cycles` of them, so that it
    is measured over about as long a window as nodbot. The same three statements through
@@ -299,6 +301,9 @@ def peer_cycles(path: Path, cycles: int, warmup: int) -> Result:
 
 FLOOR_SCALE = 10
 """How many times more cycles the floor runs than nodbot (it is about ten times faster)."""
+PEER_DIVISOR = 20
+"""How many times fewer cycles the peer runs than nodbot (it is about twenty times slower),
+so that each round measures the three over windows of about the same length."""
 
 
 def floor_cycles(path: Path, cycles: int, warmup: int) -> Result:
@@ -366,15 +371,29 @@ def median_rate(results: Sequence[Result], workload: str) -> float | None:
     return statistics.median(rates) if rates else None
 
 
+def round_ratios(results: Sequence[Result], top: str, bottom: str) -> list[float]:
+    """`top`'s rate over `bottom`'s, round by round (the n-th of each is one round)."""
+    tops = [r.rate for r in results if r.workload == top]
+    bottoms = [r.rate for r in results if r.workload == bottom]
+    return [a / b for a, b in zip(tops, bottoms, strict=False) if b]
+
+
 def print_goals(results: Sequence[Result]) -> None:
-    sqlite = median_rate(results, "nodbot sqlite")
-    peer = median_rate(results, "peer langchain hitl")
-    floor = median_rate(results, "floor sqlite3")
     print()
-    if sqlite and peer:
-        print(f"nodbot sqlite / peer = {sqlite / peer:.1f}x (goal >= {PEER_GOAL:.0f}x)")
-    if sqlite and floor:
-        print(f"floor / nodbot sqlite = {floor / sqlite:.1f}x (goal <= {FLOOR_GOAL:.0f}x)")
+    against_peer = round_ratios(results, "nodbot sqlite", "peer langchain hitl")
+    if against_peer:
+        each = ", ".join(f"{ratio:.1f}" for ratio in against_peer)
+        print(
+            f"nodbot sqlite / peer = {statistics.median(against_peer):.1f}x, the median of "
+            f"{len(against_peer)} alternating rounds ({each}) (goal >= {PEER_GOAL:.0f}x)"
+        )
+    against_floor = round_ratios(results, "floor sqlite3", "nodbot sqlite")
+    if against_floor:
+        each = ", ".join(f"{ratio:.1f}" for ratio in against_floor)
+        print(
+            f"floor / nodbot sqlite = {statistics.median(against_floor):.1f}x, the median of "
+            f"{len(against_floor)} rounds ({each}) (goal <= {FLOOR_GOAL:.0f}x)"
+        )
     postgres_floor_rate = median_rate(results, "floor postgresql")
     for workload in ("nodbot postgresql", f"nodbot postgresql x{POSTGRES_CONCURRENCY}"):
         rate = median_rate(results, workload)
@@ -395,7 +414,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "--rounds",
         type=int,
         default=5,
-        help="times nodbot sqlite and the floor are measured, alternately (default 5)",
+        help="times nodbot sqlite, the floor and the peer are measured, alternately (default 5)",
     )
     args = parser.parse_args(argv)
     if args.cycles < 1 or args.warmup < 0 or args.rounds < 1:
@@ -407,7 +426,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     print(
         f"approval cycle: {args.cycles} cycles per workload after {args.warmup} warm-up; "
-        f"nodbot sqlite and the floor alternate over {args.rounds} rounds (medians compared)"
+        f"nodbot sqlite, the floor and the peer alternate over {args.rounds} rounds (the "
+        "median of the rounds' ratios compared)"
     )
     with tempfile.TemporaryDirectory(prefix="nodbot-bench-") as name:
         tmp = Path(name)
@@ -416,13 +436,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         # keeps a passing load from favouring one of them. The floor runs ten times the
         # cycles, so that both are measured over windows of about the same length.
         for round_ in range(args.rounds):
+            peer_cycles_now = max(1, args.cycles // PEER_DIVISOR)
+            peer_path = tmp / f"peer{round_}.db"
+            if round_ % 2:  # the peer leaves the disk and the heap busy: first, then last
+                results.append(peer_cycles(peer_path, peer_cycles_now, args.warmup))
             floor = floor_cycles(tmp / f"floor{round_}.db", FLOOR_SCALE * args.cycles, args.warmup)
             results.append(floor)
             url = f"sqlite:///{tmp / f'nodbot{round_}.db'}"
             results.append(asyncio.run(nodbot_sql("nodbot sqlite", url, args.cycles, args.warmup)))
+            if not round_ % 2:
+                results.append(peer_cycles(peer_path, peer_cycles_now, args.warmup))
         results += asyncio.run(nodbot_all(args, tmp))
-        # The peer runs last: it leaves the disk and the heap busy, which slows what follows.
-        results.append(peer_cycles(tmp / "peer.db", args.cycles, args.warmup))
     print_table(results)
     print_goals(results)
     return 0
