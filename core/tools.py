@@ -92,6 +92,10 @@ class Tool:
     effects: Effects
     context_parameter: str | None
     """The name of the parameter that receives the `ToolContext`, if any."""
+    blocking: bool = True
+    """Whether a synchronous function may block (I/O, waiting): then it runs in a thread, so
+    the event loop goes on meanwhile. `blocking=False` runs it on the loop itself, which
+    saves the thread's hand-off: only for functions that return at once."""
 
     def validate(
         self, arguments: Mapping[str, Any], *, source: str = "arguments"
@@ -121,13 +125,17 @@ class Tool:
         return ToolSpec(self.name, self.description, self.model.model_json_schema())
 
     async def invoke(self, values: Mapping[str, Any], ctx: ToolContext) -> Any:
-        """Run the function with validated values; sync functions run in a thread."""
+        """Run the function with validated values; sync functions run in a thread unless
+        they are declared `blocking=False`."""
         kwargs = dict(values)
         if self.context_parameter is not None:
             kwargs[self.context_parameter] = ctx
         if inspect.iscoroutinefunction(self.function):
             return await self.function(**kwargs)
-        result = await asyncio.to_thread(self.function, **kwargs)
+        if self.blocking:
+            result = await asyncio.to_thread(self.function, **kwargs)
+        else:
+            result = self.function(**kwargs)
         if inspect.isawaitable(result):  # an async callable object, or a partial of one
             result = await result
         return result
@@ -162,6 +170,7 @@ class ToolRegistry:
         description: str | None = None,
         confirm: bool | ConfirmRule = False,
         effects: Effects = "write",
+        blocking: bool = True,
     ) -> Callable[[Callable[..., Any]], Tool]: ...
 
     def tool(
@@ -172,12 +181,18 @@ class ToolRegistry:
         description: str | None = None,
         confirm: bool | ConfirmRule = False,
         effects: Effects = "write",
+        blocking: bool = True,
     ) -> Tool | Callable[[Callable[..., Any]], Tool]:
         """Register a function as a tool; use bare (`@registry.tool`) or with options."""
 
         def register(fn: Callable[..., Any]) -> Tool:
             return self.add(
-                fn, name=name, description=description, confirm=confirm, effects=effects
+                fn,
+                name=name,
+                description=description,
+                confirm=confirm,
+                effects=effects,
+                blocking=blocking,
             )
 
         return register(function) if function is not None else register
@@ -190,8 +205,11 @@ class ToolRegistry:
         description: str | None = None,
         confirm: bool | ConfirmRule = False,
         effects: Effects = "write",
+        blocking: bool = True,
     ) -> Tool:
-        """Register `function`. Raises `ConfigurationError` for a bad name, signature or option."""
+        """Register `function`. Raises `ConfigurationError` for a bad name, signature or option.
+        `blocking=False` (a synchronous function that returns at once) runs it on the event
+        loop instead of a thread."""
         tool_name: str = name if name else str(getattr(function, "__name__", ""))
         if not tool_name.isidentifier():
             raise ConfigurationError(f"tool name {tool_name!r} must be a Python identifier")
@@ -214,6 +232,7 @@ class ToolRegistry:
             confirm=confirm,
             effects=effects,
             context_parameter=context_parameter,
+            blocking=blocking,
         )
         self._tools[tool_name] = tool
         self._specs = None

@@ -717,3 +717,28 @@ def test_merged_registries_share_tools_and_refuse_clashing_names() -> None:
 
     with pytest.raises(ConfigurationError, match="two different tools are named 'refund'"):
         ToolRegistry.merged([first, second])
+
+
+async def test_a_sync_tool_runs_in_a_thread_unless_it_does_not_block(
+    registry: ToolRegistry,
+) -> None:
+    ctx = context(registry)
+    where: dict[str, int] = {}
+
+    @registry.tool
+    def slow(key: str) -> str:
+        """May block."""
+        where[key] = threading.get_ident()
+        return key
+
+    @registry.tool(blocking=False)
+    def quick(key: str) -> str:
+        """Returns at once."""
+        where[key] = threading.get_ident()
+        return key
+
+    assert (slow.blocking, quick.blocking) == (True, False)
+    assert await slow.invoke({"key": "slow"}, ctx) == "slow"
+    assert await quick.invoke({"key": "quick"}, ctx) == "quick"
+    loop_thread = threading.get_ident()
+    assert where["quick"] == loop_thread and where["slow"] != loop_thread
