@@ -128,6 +128,9 @@ class Measured:
     store: str
     latencies: list[Latency]
     throughput: Throughput
+    worst_stall_ms: float = 0.0
+    """The event loop's longest stall while the workloads ran."""
+    stalls_over_goal: int = 0
 
 
 # --- the receiving end of the webhook ----------------------------------------------------------
@@ -332,6 +335,40 @@ async def throughput(url: str, runs: int, concurrency: int, prefix: str) -> Thro
     return replace(result, cpu=cpu)
 
 
+STALL_TICK = 0.001
+"""Seconds the stall meter sleeps between looks at the event loop's clock."""
+STALL_GOAL_MS = 10.0
+
+
+class StallMeter:
+    """How late the bot's event loop wakes a task that sleeps `STALL_TICK` at a time: the
+    longest lateness is the longest stall (a step that held the loop: a commit, a WAL
+    checkpoint, a batch of runs moved on without yielding) while the meter runs."""
+
+    def __init__(self) -> None:
+        self.worst = 0.0
+        self.over = 0
+        """Stalls over the goal."""
+        self._task: asyncio.Task[None] | None = None
+
+    async def _watch(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            before = loop.time()
+            await asyncio.sleep(STALL_TICK)
+            late = loop.time() - before - STALL_TICK
+            self.worst = max(self.worst, late)
+            self.over += late * 1000 > STALL_GOAL_MS
+
+    def __enter__(self) -> StallMeter:
+        self._task = asyncio.get_running_loop().create_task(self._watch())
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._task is not None:
+            self._task.cancel()
+
+
 async def measure(store_url: str, tmp: Path, args: argparse.Namespace, label: str) -> Measured:
     """Start the bot on `store_url`, warm it up, then measure the three workloads."""
     bot_agent.forget()
@@ -350,10 +387,12 @@ async def measure(store_url: str, tmp: Path, args: argparse.Namespace, label: st
             for number in range(args.warmup):
                 await one_latency(client, receiver, f"warm-{number}")
             gc.collect()
-            latencies = [
-                await one_latency(client, receiver, f"one-{number}") for number in range(args.runs)
-            ]
-        end_to_end = await throughput(served.url, args.runs, args.concurrency, "e2e")
+            with StallMeter() as stalls:
+                latencies = [
+                    await one_latency(client, receiver, f"one-{number}")
+                    for number in range(args.runs)
+                ]
+                end_to_end = await throughput(served.url, args.runs, args.concurrency, "e2e")
         deadline = time.monotonic() + WAIT_LIMIT
         total = args.warmup + 2 * args.runs
         while receiver.posts < total:  # the last reviews' posts may still be on their way
@@ -363,7 +402,7 @@ async def measure(store_url: str, tmp: Path, args: argparse.Namespace, label: st
         f"{total} runs, but the tool ran {sum(bot_agent.RUNS.values())} times"
         f" for {len(bot_agent.RUNS)} orders"
     )
-    return Measured(label, latencies, end_to_end)
+    return Measured(label, latencies, end_to_end, stalls.worst * 1000, stalls.over)
 
 
 async def measure_all(args: argparse.Namespace) -> list[Measured]:
@@ -436,6 +475,12 @@ def print_goals(results: Sequence[Measured]) -> None:
             f" (goal <= {LATENCY_GOAL_MS:.0f} ms: {verdict(posted <= LATENCY_GOAL_MS)});"
             f" decision -> tool run p99 = {ran:.1f} ms"
             f" (goal <= {LATENCY_GOAL_MS:.0f} ms: {verdict(ran <= LATENCY_GOAL_MS)})"
+        )
+        worst = measured.worst_stall_ms
+        print(
+            f"[{measured.store}] longest event-loop stall = {worst:.1f} ms, "
+            f"{measured.stalls_over_goal} over {STALL_GOAL_MS:.0f} ms"
+            f" (goal: none over {STALL_GOAL_MS:.0f} ms: {verdict(worst <= STALL_GOAL_MS)})"
         )
     sqlite = results[0].throughput
     print(
