@@ -77,6 +77,34 @@ class RememberedApproval:
     def live(self, now: datetime) -> bool:
         return self.forgotten_at is None and now < self.expires_at
 
+    @classmethod
+    def new(
+        cls,
+        *,
+        scope: str,
+        tool: str,
+        arguments: Mapping[str, Any],
+        rule: str,
+        decided_by: str,
+        person: str | None,
+        approval_id: str,
+        created_at: datetime,
+        until: datetime,
+    ) -> RememberedApproval:
+        """A new one, with an id of its own."""
+        return cls(
+            remember_id=new_id("rem_"),
+            scope=scope,
+            tool=tool,
+            arguments=dict(arguments),
+            rule=rule,
+            decided_by=decided_by,
+            person=person,
+            approval_id=approval_id,
+            created_at=created_at,
+            expires_at=until,
+        )
+
 
 @runtime_checkable
 class RememberedApprovals(Protocol):
@@ -130,17 +158,16 @@ class MemoryRememberedApprovals:
         approval_id: str,
         until: datetime,
     ) -> RememberedApproval:
-        kept = RememberedApproval(
-            remember_id=new_id("rem_"),
+        kept = RememberedApproval.new(
             scope=scope,
             tool=tool,
-            arguments=dict(arguments),
+            arguments=arguments,
             rule=rule,
             decided_by=decided_by,
             person=person,
             approval_id=approval_id,
             created_at=self._clock(),
-            expires_at=until,
+            until=until,
         )
         with self._lock:
             self._kept[kept.remember_id] = kept

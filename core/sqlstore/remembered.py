@@ -14,7 +14,6 @@ from typing import Any
 
 from sqlalchemy import Row, insert, select, update
 
-from nodbot.core.calls import new_id
 from nodbot.core.remembered import RememberedApproval, RememberedNotFound
 from nodbot.core.sqlstore.beside import BesideTheStore
 from nodbot.core.sqlstore.engine import translate_errors
@@ -42,17 +41,16 @@ class SqlRememberedApprovals(BesideTheStore):
         approval_id: str,
         until: datetime,
     ) -> RememberedApproval:
-        kept = RememberedApproval(
-            remember_id=new_id("rem_"),
+        kept = RememberedApproval.new(
             scope=scope,
             tool=tool,
-            arguments=dict(arguments),
+            arguments=arguments,
             rule=rule,
             decided_by=decided_by,
             person=person,
             approval_id=approval_id,
             created_at=self._clock(),
-            expires_at=until,
+            until=until,
         )
         row = {
             "remember_id": kept.remember_id,
