@@ -11,6 +11,7 @@ import socket
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 
+import aiohttp
 import uvicorn
 
 from nodbot.bot.authorize import authorizer_for
@@ -118,13 +119,18 @@ async def _serving(
     agents, _ = load_agents(config)
     hosted, _ = load_framework_agents(config)
     store = store_for(config)
+    outbound: aiohttp.ClientSession | None = None
     try:
         await store.open()
         registry = ToolRegistry.merged(agent.tools for agent in agents.values())
-        channels: list[Channel] = [WebhookChannel(config.webhooks)] if config.webhooks else []
+        # One outbound HTTP session (aiohttp, as slack_sdk uses) for webhooks and Slack.
+        outbound = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=100))
+        channels: list[Channel] = []
+        if config.webhooks:
+            channels.append(WebhookChannel(config.webhooks, session=outbound))
         slack_channel = None
         if config.slack is not None:
-            slack_channel = SlackChannel(config.slack, store, registry)
+            slack_channel = SlackChannel(config.slack, store, registry, session=outbound)
             channels.append(slack_channel)
         email_channel = None
         if config.email is not None:
@@ -212,6 +218,8 @@ async def _serving(
                 await answers.close()
             await service.close()
     finally:
+        if outbound is not None:
+            await outbound.close()  # after the channels (service.close), which used it
         await store.close()
 
 

@@ -135,6 +135,7 @@ class WebhookChannel:
         ).encode()
         timestamp = str(int(time.time()))
         headers = {
+            "User-Agent": f"nodbot/{__version__}",
             "Content-Type": "application/json",
             "X-Nodbot-Event": event,
             "X-Nodbot-Delivery": str(delivery.delivery_id),
@@ -163,10 +164,7 @@ class WebhookChannel:
 
     def _client(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
-            self._session = aiohttp.ClientSession(
-                headers={"User-Agent": f"nodbot/{__version__}"},
-                connector=aiohttp.TCPConnector(limit=100),
-            )
+            self._session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=100))
         return self._session
 
     async def close(self) -> None:

@@ -37,6 +37,7 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
+import aiohttp
 from aiohttp import ClientError
 from slack_sdk.errors import SlackApiError
 from slack_sdk.http_retry.builtin_async_handlers import (
@@ -97,9 +98,12 @@ REMEMBER_WAIT = timedelta(seconds=30)
 remembered approval to be recorded; past that, they show the approval only."""
 
 
-def slack_client(config: SlackConfig) -> AsyncWebClient:
+def slack_client(
+    config: SlackConfig, *, session: aiohttp.ClientSession | None = None
+) -> AsyncWebClient:
     """The Web API client of `config`: rate limits (429, `Retry-After`), connection errors and
-    5xx are retried a few times at once; what still fails is retried later by the outbox."""
+    5xx are retried a few times at once; what still fails is retried later by the outbox.
+    `session`: the bot's one outbound HTTP session (slack_sdk leaves it open)."""
     handlers = [
         AsyncRateLimitErrorRetryHandler(max_retry_count=2),
         AsyncConnectionErrorRetryHandler(max_retry_count=2),
@@ -108,6 +112,8 @@ def slack_client(config: SlackConfig) -> AsyncWebClient:
     options: dict[str, Any] = {"retry_handlers": handlers, "timeout": 15}
     if config.api_url is not None:
         options["base_url"] = config.api_url
+    if session is not None:
+        options["session"] = session
     return AsyncWebClient(token=config.bot_token.get_secret_value(), **options)
 
 
@@ -148,11 +154,12 @@ class SlackChannel:
         registry: ToolRegistry,
         *,
         client: AsyncWebClient | None = None,
+        session: aiohttp.ClientSession | None = None,
     ) -> None:
         self.config = config
         self.store = store
         self.registry = registry
-        self.client = client or slack_client(config)
+        self.client = client or slack_client(config, session=session)
         self.directory = Directory(self.client, ttl=config.cache_ttl)
 
     # --- what to deliver ---------------------------------------------------------------------
