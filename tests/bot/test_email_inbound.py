@@ -320,3 +320,19 @@ async def test_approve_and_remember_under_a_rule_without_remember_decides_nothin
     outcome = (await bot.post(raw)).json()
     assert outcome["status"] == "refused" and "does not remember" in outcome["reason"]
     assert (await bot.approval(approval_id))["status"] == "pending"
+
+
+async def test_a_reply_is_cut_at_the_marker_the_request_carries(bot: Bot) -> None:
+    """A client that pastes the whole request below the reply, unquoted and with no header
+    of its own: only what is above the request's marker line counts."""
+    approval_id, emailed = await bot.pending()
+    request = emailed["ana@example.com"]
+    raw = reply(request, sender="ana@example.com", text="deny no")
+    body = str(request.get_body(("plain",)).get_content())  # type: ignore[union-attr]
+    parsed = message_from_bytes(raw, policy=policy.default)
+    assert isinstance(parsed, EmailMessage)
+    parsed.set_content(f"deny not this week\n\n{body}")
+    outcome = (await bot.post(parsed.as_bytes())).json()
+    assert outcome["status"] == "decided", outcome
+    decided = await bot.approval(approval_id)
+    assert decided["decision"]["reason"] == "not this week"
