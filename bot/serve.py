@@ -156,7 +156,7 @@ async def _serving(
         )
         inbound = answers = None
         if config.email is not None and email_channel is not None:
-            answers = Answers(config.email, email_channel.send)
+            answers = Answers(config.email, email_channel.send, email_channel.templates)
             inbound = Inbound(
                 config.email,
                 store,

@@ -29,7 +29,7 @@ from email.policy import SMTP
 from email.utils import format_datetime
 from typing import Any
 
-from jinja2 import Environment, PackageLoader, StrictUndefined
+from jinja2 import Environment
 
 from nodbot.bot.config import EmailConfig
 from nodbot.bot.email.channel import one_line
@@ -51,16 +51,12 @@ REFERENCES = 10
 class Answers:
     """Writes and sends the answers (see the module)."""
 
-    def __init__(self, config: EmailConfig, send: Send) -> None:
+    def __init__(self, config: EmailConfig, send: Send, templates: Environment) -> None:
         self.config = config
         self.send = send
         self.domain = config.sender.rpartition("@")[2]
-        self.templates = Environment(
-            loader=PackageLoader("nodbot", "templates/email"),
-            undefined=StrictUndefined,
-            trim_blocks=True,
-            lstrip_blocks=True,
-        )
+        self.templates = templates
+        """The email channel's templates (`templates/email/`)."""
         self._sending: set[asyncio.Task[None]] = set()
         self.sent = 0
         """Answers sent by this process."""
