@@ -184,12 +184,6 @@ WITH existing AS ({_SELECT_ONE}), logged AS (
 SELECT {COLUMNS} FROM existing"""
 
 
-async def _keep_session(connection: asyncpg.Connection) -> None:
-    """Nothing to reset when a connection goes back to the pool: the store never changes
-    session state (no SET, LISTEN or session locks), and asyncpg's default reset would cost
-    one more round trip per operation."""
-
-
 # The statements that change the rows a CTE picked name them as `seq = ANY (ARRAY (...))`:
 # always a look-up of each in the primary key, where a join may be planned as a hash of the
 # whole table (as a cached generic plan of expire_due was, over every pending review).
@@ -326,20 +320,16 @@ def _row(record: asyncpg.Record | None) -> Row | None:
 class PostgresBackend:
     """Atomic store operations on a pool of asyncpg connections."""
 
-    def __init__(self, pool: asyncpg.Pool, dsn: str) -> None:
-        self._pool = GuardedPool(pool)
+    def __init__(self, pool: GuardedPool, dsn: str) -> None:
+        self._pool = pool
         self._dsn = dsn
 
     @classmethod
     async def connect(cls, dsn: str, *, audit_key: str | None = None) -> PostgresBackend:
         """Open a small pool on `dsn` (a plain `postgresql://` URL) whose sessions chain
         their events (see `chain_settings`)."""
-        pool = await asyncpg.create_pool(
-            dsn,
-            min_size=1,
-            max_size=10,
-            reset=_keep_session,
-            server_settings=chain_settings(audit_key),
+        pool = await GuardedPool.connect(
+            dsn, max_size=10, server_settings=chain_settings(audit_key)
         )
         return cls(pool, dsn)
 
@@ -455,7 +445,7 @@ class PostgresBackend:
         actor = act.decision.decided_by or ""
 
         async def log(
-            connection: asyncpg.pool.PoolConnectionProxy[asyncpg.Record], event: EventValues
+            connection: asyncpg.Connection, event: EventValues
         ) -> None:
             await connection.execute(
                 f"{_EVENTS} VALUES ($1, $2, $3, $4, $5, $6, $7)",
