@@ -56,4 +56,4 @@ bench: $(VENV)/.bench-installed
 	$(BIN)/python bench/email.py
 
 clean:
-	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache
+	rm -rf $(VENV) .venv-awaithumans .mypy_cache .pytest_cache .ruff_cache

@@ -15,7 +15,15 @@ the tool runs once, `GET /runs/{id}?wait=30` answers when the run has finished. 
    <= 100 ms, far below the 500 ms poll interval: the decision must wake the workers.
 3. Approvals per second end to end, `--concurrency` runs at once (GOALS.md: 20), by clients
    in another process (so that the client's own HTTP work does not share the bot's core):
-   `--runs` over the wall time, against the goal >= 230/s on SQLite.
+   `--runs` over the wall time, against the goal >= 230/s on SQLite, and the CPU time of the
+   bot's process (the bot and the webhook receiver) per approval, against <= 4 ms. Measured
+   `--rounds` times (default 3); the medians are compared.
+4. The peer, on SQLite: after each of nodbot's rounds, awaithumans 0.1.12 with the same
+   workload (`--concurrency` agents, `--runs` approvals, a reviewer approving each at once),
+   in a virtual environment of its own, made on first use (bench/awaithumans_peer.py says
+   how it is driven). The ratio of approvals/s in each pair of rounds, against >= 20x, and
+   of CPU per approval (its server process against the bot's), medians of the rounds.
+   `--no-peer` skips it.
 
 Every refund must run exactly once and every review be posted once; the script fails
 otherwise. PostgreSQL is measured on a fresh database on the server named by
@@ -42,7 +50,7 @@ import sys
 import tempfile
 import time
 from collections.abc import AsyncIterator, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -63,6 +71,7 @@ from starlette.responses import Response  # noqa: E402
 from starlette.routing import Route  # noqa: E402
 
 from bench import bot_agent  # noqa: E402
+from bench.awaithumans_peer import PEER_VERSION, PeerError, PeerFigures, ensure_venv, measure_peer  # noqa: E402
 from bench.support import fresh_postgres, is_loopback, postgres_server  # noqa: E402
 from nodbot.bot.serve import serving  # noqa: E402
 from nodbot.bot.webhooks import InvalidSignature, verify_signature  # noqa: E402
@@ -73,6 +82,10 @@ LATENCY_GOAL_MS = 100.0
 """p99 of pending -> delivered and of decision -> tool run must be at most this."""
 THROUGHPUT_GOAL = 230.0
 """Approvals per second end to end on SQLite, 20 runs at once, at least."""
+CPU_GOAL_MS = 4.0
+"""The bot's CPU milliseconds per approval end to end on SQLite, at most."""
+PEER_GOAL = 20.0
+"""nodbot's approvals/s over awaithumans' with the same workload, at least."""
 WAIT_LIMIT = 30.0
 """How long a run may take to finish (or a tool to run) before the benchmark gives up."""
 REVIEWER = "U0BENCHLEAD"
@@ -109,6 +122,9 @@ class Throughput:
     """Per run: seconds from the decision's answer until the run was seen finished."""
     cpu: float = 0.0
     """CPU seconds of the bot's process (the bot and the webhook receiver) over the workload."""
+    began: float = 0.0
+    ended: float = 0.0
+    """perf_counter() when the workload began and ended."""
 
     @property
     def rate(self) -> float:
@@ -127,10 +143,33 @@ class Measured:
 
     store: str
     latencies: list[Latency]
-    throughput: Throughput
-    worst_stall_ms: float = 0.0
-    """The event loop's longest stall while the workloads ran."""
-    stalls_over_goal: int = 0
+    rounds: list[Throughput]
+    """The end-to-end workload, once per round."""
+    peer: list[PeerFigures] = field(default_factory=list)
+    """awaithumans' figures for the same workload, one per round, each measured right after
+    nodbot's round of the same number (SQLite only)."""
+    stalls: StallMeter = field(default_factory=lambda: StallMeter())
+    """The event loop while the bot's workloads ran."""
+
+    @property
+    def throughput(self) -> Throughput:
+        """The round of the median rate."""
+        ranked = sorted(self.rounds, key=lambda round_: round_.rate)
+        return ranked[(len(ranked) - 1) // 2]
+
+    @property
+    def cpu_ms(self) -> float:
+        """The median over the rounds of the bot's CPU milliseconds per approval."""
+        return statistics.median(round_.cpu_ms for round_ in self.rounds)
+
+    def peer_ratios(self) -> tuple[list[float], list[float]]:
+        """Per round: nodbot's approvals/s over awaithumans', and awaithumans' server CPU per
+        approval over the bot's."""
+        pairs = list(zip(self.rounds, self.peer, strict=False))
+        return (
+            [ours.rate / theirs.rate for ours, theirs in pairs],
+            [theirs.cpu_ms / ours.cpu_ms for ours, theirs in pairs],
+        )
 
 
 # --- the receiving end of the webhook ----------------------------------------------------------
@@ -281,13 +320,21 @@ async def one_latency(client: httpx.AsyncClient, receiver: Receiver, order_id: s
 
 
 def client_process(
-    url: str, token: str, runs: int, concurrency: int, prefix: str, answer: Any
+    url: str,
+    token: str,
+    runs: range,
+    concurrency: int,
+    prefix: str,
+    ready: Any,
+    answer: Any,
 ) -> None:
-    """The end-to-end workload, run in a process of its own; it sends its figures back."""
+    """The end-to-end workload, or a share of it, run in a process of its own: once every
+    client is `ready` (a barrier), `concurrency` workers take the `runs` in turn; it sends
+    its figures back."""
 
     async def main() -> Throughput:
         headers = {"Authorization": f"Bearer {token}"}
-        numbers = iter(range(runs))
+        numbers = iter(runs)
         start: list[float] = []
         decided: list[float] = []
         finish: list[float] = []
@@ -308,31 +355,67 @@ def client_process(
                     finish.append(time.perf_counter() - answered)
 
             gc.collect()
+            await asyncio.to_thread(ready.wait, WAIT_LIMIT)
             began = time.perf_counter()
             await asyncio.gather(*(worker() for _ in range(concurrency)))
-            seconds = time.perf_counter() - began
-        return Throughput(runs, concurrency, seconds, start, decided, finish)
+            ended = time.perf_counter()
+        return Throughput(
+            len(runs), concurrency, ended - began, start, decided, finish, 0.0, began, ended
+        )
 
     answer.put(asyncio.run(main()))
 
 
-async def throughput(url: str, runs: int, concurrency: int, prefix: str) -> Throughput:
-    """`runs` runs end to end, `concurrency` at once, by a client in another process."""
+async def throughput(
+    url: str, runs: int, concurrency: int, prefix: str, processes: int = 1
+) -> Throughput:
+    """`runs` runs end to end, `concurrency` at once, by clients in `processes` other
+    processes (each with its share of both); the wall time is from the first client's start
+    to the last one's end (perf_counter is the system's monotonic clock)."""
     context = multiprocessing.get_context("spawn")
     answer = context.Queue()
+    ready = context.Barrier(processes)
     token = os.environ[TOKEN_VARIABLE]
-    process = context.Process(
-        target=client_process, args=(url, token, runs, concurrency, prefix, answer)
-    )
+    clients = [
+        context.Process(
+            target=client_process,
+            args=(
+                url,
+                token,
+                range(runs)[share::processes],
+                len(range(concurrency)[share::processes]),
+                prefix,
+                ready,
+                answer,
+            ),
+        )
+        for share in range(processes)
+    ]
     cpu = time.process_time()
-    process.start()
     loop = asyncio.get_running_loop()
+    for client in clients:  # spawning takes ~10 ms: in a thread, so the bot's loop goes on
+        await loop.run_in_executor(None, client.start)
     try:
-        result: Throughput = await loop.run_in_executor(None, answer.get, True, 10 * WAIT_LIMIT)
+        shares: list[Throughput] = [
+            await loop.run_in_executor(None, answer.get, True, 10 * WAIT_LIMIT) for _ in clients
+        ]
         cpu = time.process_time() - cpu
     finally:
-        await loop.run_in_executor(None, process.join, WAIT_LIMIT)
-    return replace(result, cpu=cpu)
+        for client in clients:
+            await loop.run_in_executor(None, client.join, WAIT_LIMIT)
+    began = min(share.began for share in shares)
+    ended = max(share.ended for share in shares)
+    return Throughput(
+        runs,
+        concurrency,
+        ended - began,
+        [seconds for share in shares for seconds in share.start],
+        [seconds for share in shares for seconds in share.decide],
+        [seconds for share in shares for seconds in share.finish],
+        cpu,
+        began,
+        ended,
+    )
 
 
 STALL_TICK = 0.001
@@ -341,15 +424,29 @@ STALL_GOAL_MS = 10.0
 
 
 class StallMeter:
-    """How late the bot's event loop wakes a task that sleeps `STALL_TICK` at a time: the
-    longest lateness is the longest stall (a step that held the loop: a commit, a WAL
-    checkpoint, a batch of runs moved on without yielding) while the meter runs."""
+    """The bot's event loop, watched two ways while the meter runs (it may run several times,
+    adding up):
+
+    - stalls: each callback the loop runs is timed (`asyncio.Handle._run` wrapped while the
+      meter runs; the bench's own instrument, about a microsecond a callback). A callback
+      that runs long holds the loop: a commit, a WAL checkpoint, a batch of runs moved on
+      without yielding. The goal is none over 10 ms; the slowest one is named.
+    - lag: how late a task that sleeps `STALL_TICK` at a time is woken. Beside the stalls
+      this counts the queue: when the loop is saturated, every callback ready in one turn of
+      the loop runs before the timer's, however short each one is.
+    """
 
     def __init__(self) -> None:
         self.worst = 0.0
+        """Seconds of the slowest callback."""
+        self.worst_callback = ""
         self.over = 0
-        """Stalls over the goal."""
+        """Callbacks over the goal."""
+        self.lag = 0.0
+        """Seconds of the timer's worst lateness."""
+        self.lag_over = 0
         self._task: asyncio.Task[None] | None = None
+        self._run: Any = None
 
     async def _watch(self) -> None:
         loop = asyncio.get_running_loop()
@@ -357,20 +454,46 @@ class StallMeter:
             before = loop.time()
             await asyncio.sleep(STALL_TICK)
             late = loop.time() - before - STALL_TICK
-            self.worst = max(self.worst, late)
-            self.over += late * 1000 > STALL_GOAL_MS
+            self.lag = max(self.lag, late)
+            self.lag_over += late * 1000 > STALL_GOAL_MS
+
+    def _timed(self, run: Any) -> Any:
+        meter, clock = self, time.perf_counter
+
+        def timed_run(handle: asyncio.Handle) -> None:
+            began = clock()
+            run(handle)
+            took = clock() - began
+            if took * 1000 > STALL_GOAL_MS:
+                meter.over += 1
+            if took > meter.worst:
+                meter.worst = took
+                # A task's step names the task, its coroutine and where it stopped next.
+                callback = handle._callback  # type: ignore[attr-defined]
+                meter.worst_callback = repr(getattr(callback, "__self__", callback))[:300]
+
+        return timed_run
 
     def __enter__(self) -> StallMeter:
+        self._run = asyncio.Handle._run
+        asyncio.Handle._run = self._timed(self._run)  # type: ignore[method-assign]
         self._task = asyncio.get_running_loop().create_task(self._watch())
         return self
 
     def __exit__(self, *exc: object) -> None:
         if self._task is not None:
             self._task.cancel()
+        if self._run is not None:
+            asyncio.Handle._run = self._run  # type: ignore[method-assign]
+            self._run = None
 
 
-async def measure(store_url: str, tmp: Path, args: argparse.Namespace, label: str) -> Measured:
-    """Start the bot on `store_url`, warm it up, then measure the three workloads."""
+async def measure(
+    store_url: str, tmp: Path, args: argparse.Namespace, label: str, peer: Path | None = None
+) -> Measured:
+    """Start the bot on `store_url`, warm it up, then measure the three workloads, the
+    end-to-end one `args.rounds` times; with `peer` (awaithumans' interpreter) each of those
+    rounds is followed by awaithumans' round of the same workload, while the bot idles."""
     bot_agent.forget()
     headers = {"Authorization": f"Bearer {os.environ[TOKEN_VARIABLE]}"}
     async with (
@@ -387,14 +510,25 @@ async def measure(store_url: str, tmp: Path, args: argparse.Namespace, label: st
             for number in range(args.warmup):
                 await one_latency(client, receiver, f"warm-{number}")
             gc.collect()
-            with StallMeter() as stalls:
+            stalls = StallMeter()
+            with stalls:
                 latencies = [
                     await one_latency(client, receiver, f"one-{number}")
                     for number in range(args.runs)
                 ]
-                end_to_end = await throughput(served.url, args.runs, args.concurrency, "e2e")
+            rounds: list[Throughput] = []
+            peers: list[PeerFigures] = []
+            for number in range(args.rounds):
+                with stalls:  # the bot's loop, not the machine's load while the peer runs
+                    rounds.append(
+                        await throughput(
+                            served.url, args.runs, args.concurrency, f"e2e{number}", args.clients
+                        )
+                    )
+                if peer is not None:
+                    peers.append(await peer_round(peer, args))
         deadline = time.monotonic() + WAIT_LIMIT
-        total = args.warmup + 2 * args.runs
+        total = args.warmup + (1 + args.rounds) * args.runs
         while receiver.posts < total:  # the last reviews' posts may still be on their way
             assert time.monotonic() < deadline, f"{receiver.posts} of {total} reviews posted"
             await asyncio.sleep(0.01)
@@ -402,7 +536,29 @@ async def measure(store_url: str, tmp: Path, args: argparse.Namespace, label: st
         f"{total} runs, but the tool ran {sum(bot_agent.RUNS.values())} times"
         f" for {len(bot_agent.RUNS)} orders"
     )
-    return Measured(label, latencies, end_to_end, stalls.worst * 1000, stalls.over)
+    return Measured(label, latencies, rounds, peers, stalls)
+
+
+async def peer_round(python: Path, args: argparse.Namespace) -> PeerFigures:
+    """awaithumans' round of the end-to-end workload (bench/awaithumans_peer.py), in a thread
+    so that the bot's loop goes on meanwhile, as idle as between two agents' runs."""
+    figures = await asyncio.to_thread(
+        measure_peer, args.runs, args.concurrency, python=python, processes=args.clients
+    )
+    print(f"  {figures.summary()}", flush=True)
+    return figures
+
+
+def peer_python(args: argparse.Namespace) -> Path | None:
+    """awaithumans' interpreter, its environment made when missing; None (having said why)
+    when it is not wanted or cannot be installed."""
+    if args.no_peer:
+        return None
+    try:
+        return ensure_venv()
+    except PeerError as error:
+        print(f"awaithumans {PEER_VERSION}: not measured, its environment failed: {error}")
+        return None
 
 
 async def measure_all(args: argparse.Namespace) -> list[Measured]:
@@ -411,7 +567,9 @@ async def measure_all(args: argparse.Namespace) -> list[Measured]:
     results = []
     with tempfile.TemporaryDirectory(prefix="nodbot-bench-bot-") as name:
         tmp = Path(name)
-        results.append(await measure(f"sqlite:///{tmp / 'nodbot.db'}", tmp, args, "sqlite"))
+        peer = peer_python(args)
+        sqlite_url = f"sqlite:///{tmp / 'nodbot.db'}"
+        results.append(await measure(sqlite_url, tmp, args, "sqlite", peer))
         if not args.sqlite_only:
             async with fresh_postgres(postgres_server()) as url:
                 if url is not None:
@@ -452,17 +610,30 @@ def print_report(measured: Measured) -> None:
     t = measured.throughput
     print()
     print(f"[{measured.store}] approvals end to end, {t.concurrency} runs at once")
-    print(f"{'runs':>6} {'seconds':>9} {'approvals/s':>12}")
-    print(f"{t.runs:>6} {t.seconds:>9.3f} {t.rate:>12,.1f}")
-    print(f"CPU of the bot's process (bot and webhook receiver): {t.cpu_ms:.2f} ms per approval")
-    print(f"{'per run':<26} {'mean ms':>8} {'p50 ms':>8} {'p99 ms':>8}")
+    print(
+        f"{'round':>6} {'runs':>6} {'seconds':>9} {'approvals/s':>12} {'bot CPU ms/approval':>20}"
+    )
+    for number, round_ in enumerate(measured.rounds, 1):
+        print(
+            f"{number:>6} {round_.runs:>6} {round_.seconds:>9.3f} {round_.rate:>12,.1f}"
+            f" {round_.cpu_ms:>20.2f}"
+        )
+    for number, theirs in enumerate(measured.peer, 1):
+        print(
+            f"{'peer ' + str(number):>6} {theirs.runs:>6} {theirs.wall:>9.3f} {theirs.rate:>12,.1f}"
+            f" {theirs.cpu_ms:>20.2f}   (awaithumans {PEER_VERSION}, its server's CPU)"
+        )
+    print("CPU is of the bot's process (the bot and the webhook receiver) over each round")
+    print(
+        f"the round of the median rate, {'per run':<15} {'mean ms':>8} {'p50 ms':>8} {'p99 ms':>8}"
+    )
     for label, values in (
         ("POST /runs", t.start),
         ("POST .../decide", t.decide),
         ("decided -> seen finished", t.finish),
     ):
         p50, _, p99, _ = percentiles_ms(values)
-        print(f"{label:<26} {statistics.fmean(values) * 1000:>8.2f} {p50:>8.2f} {p99:>8.2f}")
+        print(f"{label:<44} {statistics.fmean(values) * 1000:>8.2f} {p50:>8.2f} {p99:>8.2f}")
 
 
 def print_goals(results: Sequence[Measured]) -> None:
@@ -476,16 +647,45 @@ def print_goals(results: Sequence[Measured]) -> None:
             f" decision -> tool run p99 = {ran:.1f} ms"
             f" (goal <= {LATENCY_GOAL_MS:.0f} ms: {verdict(ran <= LATENCY_GOAL_MS)})"
         )
-        worst = measured.worst_stall_ms
+        stalls = measured.stalls
+        worst = stalls.worst * 1000
         print(
-            f"[{measured.store}] longest event-loop stall = {worst:.1f} ms, "
-            f"{measured.stalls_over_goal} over {STALL_GOAL_MS:.0f} ms"
-            f" (goal: none over {STALL_GOAL_MS:.0f} ms: {verdict(worst <= STALL_GOAL_MS)})"
+            f"[{measured.store}] longest event-loop stall (one callback) = {worst:.1f} ms, "
+            f"{stalls.over} over {STALL_GOAL_MS:.0f} ms"
+            f" (goal: none over {STALL_GOAL_MS:.0f} ms: {verdict(worst <= STALL_GOAL_MS)});"
+            f" the slowest: {stalls.worst_callback}"
         )
-    sqlite = results[0].throughput
+        print(
+            f"[{measured.store}] a 1 ms timer's worst lateness (stalls and the loop's queue) ="
+            f" {stalls.lag * 1000:.1f} ms, {stalls.lag_over} times over {STALL_GOAL_MS:.0f} ms"
+        )
+    measured = results[0]
+    sqlite = measured.throughput
+    rounds = len(measured.rounds)
     print(
-        f"[sqlite] approvals end to end = {sqlite.rate:,.0f}/s with {sqlite.concurrency} at once"
+        f"[sqlite] approvals end to end = {sqlite.rate:,.0f}/s with {sqlite.concurrency} at once,"
+        f" the median of {rounds} rounds"
         f" (goal >= {THROUGHPUT_GOAL:.0f}/s with 20: {verdict(sqlite.rate >= THROUGHPUT_GOAL)})"
+    )
+    cpu = measured.cpu_ms
+    print(
+        f"[sqlite] bot CPU per approval end to end = {cpu:.2f} ms, the median of {rounds} rounds"
+        f" (goal <= {CPU_GOAL_MS:.0f} ms: {verdict(cpu <= CPU_GOAL_MS)})"
+    )
+    if not measured.peer:
+        print(f"[sqlite] awaithumans {PEER_VERSION}: not measured, so no ratio")
+        return
+    rates, cpus = measured.peer_ratios()
+    rate, cpu_ratio = statistics.median(rates), statistics.median(cpus)
+    print(
+        f"[sqlite] approvals/s nodbot / awaithumans {PEER_VERSION} = {rate:.1f}x, the median of"
+        f" {len(rates)} alternating rounds ({', '.join(f'{r:.1f}' for r in rates)})"
+        f" (goal >= {PEER_GOAL:.0f}x: {verdict(rate >= PEER_GOAL)})"
+    )
+    print(
+        f"[sqlite] CPU per approval awaithumans' server / nodbot's bot = {cpu_ratio:.1f}x"
+        f" ({', '.join(f'{r:.1f}' for r in cpus)}); awaithumans' decision -> tool ran p99"
+        f" {statistics.median(p.p99_ms for p in measured.peer):.0f} ms"
     )
 
 
@@ -500,10 +700,26 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--warmup", type=int, default=5, help="runs made before measuring (default 5)"
     )
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=3,
+        help="end-to-end rounds per store, alternating with awaithumans' on SQLite (default 3)",
+    )
+    parser.add_argument(
+        "--clients",
+        type=int,
+        default=2,
+        help="client processes sharing the end-to-end agents, nodbot's and awaithumans'"
+        " alike (default 2, one per core)",
+    )
     parser.add_argument("--sqlite-only", action="store_true", help="skip PostgreSQL")
+    parser.add_argument("--no-peer", action="store_true", help=f"skip awaithumans {PEER_VERSION}")
     args = parser.parse_args(argv)
-    if args.runs < 1 or args.concurrency < 1 or args.warmup < 0:
-        parser.error("--runs and --concurrency must be >= 1 and --warmup >= 0")
+    if args.runs < 1 or args.concurrency < 1 or args.warmup < 0 or args.rounds < 1:
+        parser.error("--runs, --concurrency and --rounds must be >= 1 and --warmup >= 0")
+    if not 1 <= args.clients <= args.concurrency:
+        parser.error("--clients must be between 1 and --concurrency")
     return args
 
 
