@@ -444,9 +444,7 @@ class PostgresBackend:
         ballot, voter = act.decision.model_dump_json(), act.voter
         actor = act.decision.decided_by or ""
 
-        async def log(
-            connection: asyncpg.Connection, event: EventValues
-        ) -> None:
+        async def log(connection: asyncpg.Connection, event: EventValues) -> None:
             await connection.execute(
                 f"{_EVENTS} VALUES ($1, $2, $3, $4, $5, $6, $7)",
                 approval_id, event.kind, at, event.actor, event.channel, event.detail,
