@@ -123,8 +123,12 @@ async def _serving(
     try:
         await store.open()
         registry = ToolRegistry.merged(agent.tools for agent in agents.values())
-        # One outbound HTTP session (aiohttp, as slack_sdk uses) for webhooks and Slack.
+        # One outbound HTTP session (aiohttp, as slack_sdk uses) for webhooks, Slack and chat.
         outbound = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=100))
+        for agent in agents.values():  # and for the agents' chat models that made none
+            share = getattr(agent.chat, "share_session", None)
+            if share is not None:
+                share(outbound)
         channels: list[Channel] = []
         if config.webhooks:
             channels.append(WebhookChannel(config.webhooks, session=outbound))

@@ -135,6 +135,7 @@ class ChatCompletionsModel:
         self.max_retry_wait = max_retry_wait
         self._api_key = api_key
         self._session = session
+        self._given = session is not None
         self._owns_session = session is None
         parts = urlsplit(base_url)  # a query (Azure's api-version) stays after the path
         self.url = urlunsplit(parts._replace(path=parts.path.rstrip("/") + "/chat/completions"))
@@ -155,6 +156,17 @@ class ChatCompletionsModel:
         traceback: TracebackType | None,
     ) -> None:
         await self.aclose()
+
+    def share_session(self, session: aiohttp.ClientSession) -> bool:
+        """Send requests on `session` (the bot's one outbound session, which `nodbot serve`
+        hands to each agent's model, and closes when it stops) unless this model was given a
+        session when made, or has made its own; whether it took it. A bot started again
+        hands over its new session; used after the bot closed its session, the model makes
+        one of its own again."""
+        if self._given or (self._owns_session and self._session is not None):
+            return False
+        self._session, self._owns_session = session, False
+        return True
 
     async def aclose(self) -> None:
         """Close the HTTP session this model made; a session it was given stays open."""
@@ -223,10 +235,10 @@ class ChatCompletionsModel:
             raise self._error(f"no answer within {self.timeout:g} s") from None
 
     def _session_for_request(self) -> aiohttp.ClientSession:
-        if self._session is None or (self._owns_session and self._session.closed):
+        if self._session is None or (not self._given and self._session.closed):
             # Made here, not in __init__: a session belongs to the running event loop, and an
             # agent module builds its model at import time, before any loop runs.
-            self._session = aiohttp.ClientSession()
+            self._session, self._owns_session = aiohttp.ClientSession(), True
         return self._session
 
     def _backoff(self, attempt: int) -> float:

@@ -16,7 +16,8 @@ from typing import Any
 import httpx
 import pytest
 
-from nodbot.bot.serve import _listen
+from nodbot.bot.serve import _listen, serving
+from nodbot.core import Agent, ChatCompletionsModel, ToolRegistry
 from tests.bot.processes import Running, nodbot_serve
 from tests.bot.test_cli import nodbot
 from tests.bot.webhook_receiver import SECRET as RECEIVER_SECRET
@@ -401,3 +402,30 @@ def test_the_bots_connections_send_at_once() -> None:
             assert accepted.proto == socket.IPPROTO_TCP
     finally:
         listening.close()
+
+
+# An agent whose model talks to a chat completions server (never reached here).
+chat_agent = Agent(
+    ChatCompletionsModel(base_url="http://127.0.0.1:9/v1", model="local"), ToolRegistry()
+)
+
+
+async def test_the_agents_chat_models_send_on_the_bots_one_session(tmp_path: Path) -> None:
+    path = tmp_path / "nodbot.yml"
+    path.write_text(
+        f"""
+store: {{url: "sqlite:///{tmp_path / "nodbot.db"}"}}
+server: {{host: 127.0.0.1, port: 0}}
+agents:
+  chatty: tests.bot.test_serve:chat_agent
+"""
+    )
+    chat = chat_agent.chat
+    assert isinstance(chat, ChatCompletionsModel)
+    for _ in range(2):  # a bot started again hands over its new session
+        async with serving(str(path), configure_logs=False) as served:
+            session = chat._session
+            assert session is not None and not session.closed
+            assert served.service.agents["chatty"].chat is chat
+            assert not chat._owns_session  # the bot's: the model does not close it
+        assert session.closed  # closed with the bot

@@ -516,6 +516,40 @@ async def test_a_shared_session_stays_open_and_an_own_one_is_closed(api: StandIn
     assert made is not None and made.closed
 
 
+async def test_a_model_without_a_session_takes_the_bots_and_leaves_it_open(
+    api: StandIn,
+) -> None:
+    api.script += [Answer(completion(text)) for text in "abc"]
+    async with aiohttp.ClientSession() as bots, aiohttp.ClientSession() as given:
+        chat = ChatCompletionsModel(base_url=api.base_url, model="m")
+        assert chat.share_session(bots)
+        await chat.respond([HumanMessage(content="hi")], [])
+        assert chat._session is bots
+        await chat.aclose()
+        assert not bots.closed
+
+        # A bot started again hands over its new session; after the bot closed its session
+        # the model makes one of its own, and closes that one.
+        async with aiohttp.ClientSession() as again:
+            assert chat.share_session(again)
+            assert chat._session is again
+        await chat.respond([HumanMessage(content="hi")], [])
+        own = chat._session
+        assert own is not again and own is not None
+        await chat.aclose()
+        assert own.closed
+
+        # A session given by the model's maker, or made by the model already, is kept.
+        mine = ChatCompletionsModel(base_url=api.base_url, model="m", session=given)
+        assert not mine.share_session(bots)
+        assert mine._session is given
+        made = ChatCompletionsModel(base_url=api.base_url, model="m")
+        await made.respond([HumanMessage(content="hi")], [])
+        assert not made.share_session(bots)
+        assert made._session is not bots
+        await made.aclose()
+
+
 def test_it_is_a_chat_model_and_its_repr_names_no_key() -> None:
     chat = ChatCompletionsModel(base_url="https://api.openai.com/v1", model="gpt", api_key=KEY)
     assert isinstance(chat, ChatModel)
