@@ -53,7 +53,7 @@ bench: $(VENV)/.bench-installed
 	$(BIN)/python bench/bot.py
 	$(BIN)/python bench/requests.py
 	$(BIN)/python bench/slack.py
-	$(BIN)/python bench/email.py
+	$(BIN)/python bench/mail.py
 
 clean:
 	rm -rf $(VENV) .venv-awaithumans .mypy_cache .pytest_cache .ruff_cache

@@ -43,9 +43,9 @@ import os
 import sys
 from pathlib import Path
 
-# `python bench/awaithumans_driver.py` puts bench/ first on sys.path, where bench/email.py would
-# shadow the standard library's `email` (which httpx imports through urllib). Nothing here is
-# imported from bench/, so it comes off the path.
+# `python bench/awaithumans_driver.py` puts bench/ first on sys.path, where bench/requests.py
+# would shadow the `requests` package. Nothing here is imported from bench/, so it comes off
+# the path.
 if sys.path and Path(sys.path[0] or os.curdir).resolve() == Path(__file__).resolve().parent:
     del sys.path[0]
 

@@ -43,9 +43,9 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-# `python bench/awaithumans_peer.py` puts bench/ first on sys.path, where bench/email.py would
-# shadow the standard library's `email` (which urllib imports); the repository's root goes
-# there instead, as bench/bot.py does.
+# `python bench/awaithumans_peer.py` puts bench/ first on sys.path, where bench/requests.py
+# would shadow the `requests` package; the repository's root goes there instead, as
+# bench/bot.py does.
 if sys.path and Path(sys.path[0] or os.curdir).resolve() == ROOT / "bench":
     sys.path[0] = str(ROOT)
 

@@ -19,7 +19,7 @@ refund of `bench/bot_agent.py` to one reviewer by email. Two figures, each measu
    to the last review email received by the SMTP server; with the CPU seconds of this process
    (bot, SMTP server and client alike) per email, steadier than a rate on a shared machine.
 
-    .venv/bin/python bench/email.py --runs 100 --emails 200 --rounds 3
+    .venv/bin/python bench/mail.py --runs 100 --emails 200 --rounds 3
 
 It prints figures; it is not a test. It reaches only loopback addresses.
 """
@@ -41,7 +41,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 if sys.path and Path(sys.path[0] or os.curdir).resolve() == ROOT / "bench":
-    # This file's own folder would shadow the standard library's `email` package.
+    # The repository's root instead of bench/, so that `bench.bot_agent` is found.
     sys.path[0] = str(ROOT)
 
 from email.message import EmailMessage  # noqa: E402
