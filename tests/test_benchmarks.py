@@ -91,3 +91,22 @@ def test_the_open_reviews_benchmark_runs_and_reports_every_figure() -> None:
     done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert "sqlite open reviews 0 -> 20: p50 ratio =" in done.stdout, done.stdout
+
+
+def test_every_benchmark_starts_from_its_own_folder() -> None:
+    # `python bench/x.py` puts bench/ first on sys.path: a script named like a module that
+    # something imports (bench/email.py once shadowed the standard library's email) breaks
+    # every script that does not put the repository's root there instead. --help loads each
+    # with what it imports at the top. The awaithumans driver runs in awaithumans' own
+    # environment, which has what it imports.
+    scripts = [
+        script
+        for script in sorted(ROOT.glob("bench/*.py"))
+        if "argparse" in script.read_text() and script.name != "awaithumans_driver.py"
+    ]
+    names = {script.name for script in scripts}
+    assert {"bot.py", "cycle.py", "list_pending.py", "mail.py", "requests.py"} <= names
+    for script in scripts:
+        command = [sys.executable, str(script), "--help"]
+        done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, f"{script.name}: {done.stderr}"
