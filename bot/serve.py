@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
+import gc
 import logging
 import socket
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -192,6 +193,7 @@ async def _serving(
         socket_mode = None
         listener = None
         reading_task = None
+        frozen = False
         try:
             await _started(server, serving_task)
             email_in = config.email.inbound if config.email is not None else None
@@ -208,8 +210,16 @@ async def _serving(
             bound_host, bound_port = server.servers[0].sockets[0].getsockname()[:2]
             url = f"http://{bound_host}:{bound_port}"
             mail_port = None if listener is None else listener.bound_port
+            # What is alive now (modules, agents, the config, the app) lives as long as the
+            # bot: frozen out of the collector's sight, a full collection no longer walks it
+            # (60 ms on the event loop with 150,000 objects, under 2 ms frozen).
+            gc.collect()
+            gc.freeze()
+            frozen = True
             yield Served(url, store.display_url, service, serving_task, inbox, mail_port)
         finally:
+            if frozen:
+                gc.unfreeze()  # a process that serves a bot in passing (tests) collects it all
             if listener is not None:
                 await listener.close()
             if socket_mode is not None:

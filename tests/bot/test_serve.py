@@ -4,6 +4,7 @@ decision made over HTTP, and finishes the run with the same run id, the tool run
 from __future__ import annotations
 
 import asyncio
+import gc
 import os
 import signal
 import socket
@@ -429,3 +430,21 @@ agents:
             assert served.service.agents["chatty"].chat is chat
             assert not chat._owns_session  # the bot's: the model does not close it
         assert session.closed  # closed with the bot
+
+
+async def test_what_the_bot_holds_from_its_start_is_kept_out_of_full_collections(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "nodbot.yml"
+    path.write_text(
+        f"""
+store: {{url: "sqlite:///{tmp_path / "nodbot.db"}"}}
+server: {{host: 127.0.0.1, port: 0}}
+agents:
+  support: examples.support_agent:agent
+"""
+    )
+    assert gc.get_freeze_count() == 0
+    async with serving(str(path), configure_logs=False):
+        assert gc.get_freeze_count() > 10_000  # the modules, agents and app, at least
+    assert gc.get_freeze_count() == 0  # handed back to the collector with the bot
