@@ -25,6 +25,7 @@ from nodbot.core import (
     Decision,
     DeferredApproval,
     Executor,
+    InvalidDecisionError,
     NewDelivery,
     SqlApprovalStore,
     StoreSchemaError,
@@ -305,6 +306,20 @@ async def test_concurrent_writers_of_one_review_keep_one_chain(url: str) -> None
     async with Database(url) as db:
         chain = await db.events(approval_id)
     assert [n for _, n, _, _ in chain] == list(range(1, 62))
+
+
+async def test_a_vote_taken_back_leaves_no_link_behind(url: str) -> None:
+    # The edit is refused inside the vote's transaction, after its `voted` event was chained:
+    # the next event links to the last one committed, not to the one taken back.
+    async with SqlApprovalStore(url) as store:
+        approval_id = (await store.create(ask("c1", approvals_required=2))).approval_id
+        edit = Decision(approved=True, decided_by="ana", edited_args={"amount": 1.0})
+        with pytest.raises(InvalidDecisionError):
+            await store.vote(approval_id, edit, channel="api")
+        await store.vote(approval_id, Decision(approved=True, decided_by="bob"), channel="api")
+        await store.refuse(approval_id, actor="eve", channel="api", reason="no")
+        assert [e.kind for e in await store.events(approval_id)] == ["created", "voted", "refused"]
+    assert (await verify(url)).ok
 
 
 # --- attacks ----------------------------------------------------------------------------
