@@ -21,7 +21,8 @@ def test_the_bot_benchmark_runs_and_reports_every_figure() -> None:
         "approvals end to end =",
         "the median of 2 rounds",
         "bot CPU per approval end to end =",
-        "longest event-loop stall (one callback) =",
+        "longest event-loop stall (one callback, CPU) =",
+        "the longest callback in wall time",
         "a 1 ms timer's worst lateness",
         "awaithumans 0.1.12: not measured, so no ratio",
     ):
