@@ -18,6 +18,7 @@ from datetime import datetime, timedelta
 from typing import Any, Literal, Protocol, TypeAlias
 
 from nodbot.core import (
+    Announcement,
     ApprovalNotFound,
     ApprovalRecord,
     ApprovalStore,
@@ -149,15 +150,18 @@ class Dispatcher:
         """Make the deliveries of every review with something to announce; how many."""
         made = 0
         while announcements := await self.store.unannounced(limit=ANNOUNCE_BATCH):
-            for announcement in announcements:
-                record, stage = announcement.record, announcement.stage
-                if stage == "request":
-                    _log_opened(record)
-                wanted = [d for c in self.channels.values() for d in c.targets(record, stage)]
-                made += len(await self.store.announce(record.approval_id, stage, wanted))
+            # Side by side: each is its own statement, and on PostgreSQL its own round trip.
+            made += sum(await asyncio.gather(*(self._announce(a) for a in announcements)))
             if len(announcements) < ANNOUNCE_BATCH:
                 break  # that was all: no need to ask again
         return made
+
+    async def _announce(self, announcement: Announcement) -> int:
+        record, stage = announcement.record, announcement.stage
+        if stage == "request":
+            _log_opened(record)
+        wanted = [d for c in self.channels.values() for d in c.targets(record, stage)]
+        return len(await self.store.announce(record.approval_id, stage, wanted))
 
     async def answer(self, run_id: str) -> int:
         """Make the deliveries of a finished run's answer, for each of its reviews."""

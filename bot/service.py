@@ -6,6 +6,7 @@ decision (API, later Slack, email) ──► wake ──┐
 deadline passed ──────────────────────────────┤
                                              ▼
                   work(): expire_due, then claim_ready ──► advance_run ──► finished / waiting
+                  beside it, the outbox: announce, deliver (reviews, outcomes, answers)
 ```
 
 The store is the source of truth: `work` wakes at once when this process records a
@@ -21,8 +22,8 @@ import logging
 import os
 import socket
 import weakref
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Protocol
 
 from nodbot.bot.config import Config
@@ -70,7 +71,7 @@ class WorkerHealth:
     running: bool = False
     """The worker loop is on (it stops only when the bot does)."""
     failures: int = 0
-    """Failed steps since the last one that succeeded."""
+    """Failed steps since the last one that succeeded, of the lane failing longest."""
     error: str | None = None
     """Why the last step failed, while it keeps failing."""
     listening: Listening | None = None
@@ -79,16 +80,21 @@ class WorkerHealth:
     """A step has succeeded since the workers started (`/readyz` waits for one)."""
     mailbox: str | None = None
     """Why the mailbox of `email.inbound.imap` cannot be read, while it cannot."""
+    lanes: dict[str, tuple[int, str]] = field(default_factory=dict)
+    """Per lane of the workers (runs, outbox) that is failing: its failures and last error."""
 
-    def failed(self, exc: Exception) -> None:
-        self.failures += 1
-        self.error = f"{type(exc).__name__}: {exc}"
+    def failed(self, exc: Exception, lane: str = "runs") -> None:
+        count = self.lanes.get(lane, (0, ""))[0] + 1
+        self.lanes[lane] = (count, f"{type(exc).__name__}: {exc}")
+        self.failures, self.error = max(self.lanes.values())
 
     def mailbox_problem(self, reason: str | None) -> None:
         self.mailbox = reason
 
-    def succeeded(self) -> None:
-        self.failures, self.error, self.stepped = 0, None, True
+    def succeeded(self, lane: str = "runs") -> None:
+        self.lanes.pop(lane, None)
+        self.failures, self.error = max(self.lanes.values(), default=(0, None))
+        self.stepped = True
 
     def problems(self) -> list[str]:
         """What is wrong, in words; empty when the workers are well."""
@@ -142,6 +148,9 @@ class BotService:
             name: rules_executor(agent.tools, config, store) for name, agent in agents.items()
         }
         self._wake = asyncio.Event()
+        """Set when runs may be ready (a decision, a new run): the runs' lane looks."""
+        self._outbox_wake = asyncio.Event()
+        """Set when something may be announced or delivered: the outbox's lane looks."""
         self._decisions = asyncio.Event()
         # One event per run someone waits on (GET /runs/{id}?wait): a change wakes only the
         # waiters of that run. Weak: an event nobody waits on any more goes away.
@@ -188,7 +197,7 @@ class BotService:
             )
             self.counters["runs_started"] += 1
             self._changed(run.run_id)
-            self._wake.set()  # its calls may wait for review now: announce them
+            self._poke()  # its calls may wait for review now: announce them
             return run
         chosen = self.agent(agent)
         run = await self.store.create_run(
@@ -201,7 +210,7 @@ class BotService:
         )
         self.counters["runs_started"] += 1
         run = await self._advance(run)
-        self._wake.set()  # its calls may wait for review now: announce them
+        self._poke()  # its calls may wait for review now: announce them
         return run
 
     def run_changes(self, run_id: str) -> asyncio.Event:
@@ -220,8 +229,13 @@ class BotService:
     def decided(self) -> None:
         """Tell the workers a decision was recorded here: a run may be ready now. Whoever
         waits on `decisions` is woken too."""
-        self._wake.set()
+        self._poke()
         self._decided()
+
+    def _poke(self) -> None:
+        """Wake both lanes of the workers."""
+        self._wake.set()
+        self._outbox_wake.set()
 
     def _decided(self) -> None:
         self._decisions.set()
@@ -233,9 +247,27 @@ class BotService:
         return self._decisions
 
     async def step(self) -> int:
-        """Time out overdue reviews, continue every run that is ready, then announce and
-        deliver what the outbox holds; how many runs were continued."""
-        if await self.store.expire_due():
+        """Time out overdue reviews and continue every run that is ready while the outbox
+        announces and delivers what it holds, so that a new review is posted without waiting
+        for the runs; then the outbox once more for what the runs moved on (outcomes, new
+        reviews); how many runs were continued."""
+        moved, dispatched = await asyncio.gather(
+            self._move_runs(), self.dispatcher.step(), return_exceptions=True
+        )
+        if isinstance(moved, BaseException):
+            raise moved  # the runs' failure first: it is what the worker backs off for
+        if isinstance(dispatched, BaseException):
+            raise dispatched
+        expired, advanced = moved
+        if expired or advanced:
+            await self.dispatcher.step()
+        return advanced
+
+    async def _move_runs(self) -> tuple[bool, int]:
+        """Time out overdue reviews and continue every ready run: whether any timed out, and
+        how many runs were continued."""
+        expired = bool(await self.store.expire_due())
+        if expired:
             log.info("reviews timed out")
             self._decided()
         advanced = await self._again()
@@ -263,8 +295,7 @@ class BotService:
                 break  # that was every ready run; runs ready later wake the workers again
         if unavailable is not None:
             raise unavailable  # the step failed: the worker backs off and tries again
-        await self.dispatcher.step()
-        return advanced
+        return expired, advanced
 
     async def close(self) -> None:
         """Let go of the channels' connections, and of the agents' models' (a model with an
@@ -301,23 +332,44 @@ class BotService:
             self.health.listening = await listen(self.decided)
 
     async def _work(self, stop: asyncio.Event) -> None:
+        """Two lanes side by side: the runs (time-outs, ready runs) and the outbox (announce,
+        deliver), so that a review is posted while runs move on, however many there are."""
+        await asyncio.gather(
+            self._lane(stop, self._wake, self._move_and_tell, "runs"),
+            self._lane(stop, self._outbox_wake, self.dispatcher.step, "outbox"),
+        )
+
+    async def _move_and_tell(self) -> None:
+        await self._listen()
+        expired, advanced = await self._move_runs()
+        if expired or advanced:
+            self._outbox_wake.set()  # outcomes, and the reviews of runs that paused again
+
+    async def _lane(
+        self,
+        stop: asyncio.Event,
+        wake: asyncio.Event,
+        step: Callable[[], Awaitable[object]],
+        lane: str,
+    ) -> None:
         backoff = FIRST_BACKOFF
         while not stop.is_set():
-            self._wake.clear()
+            wake.clear()
             try:
-                await self._listen()
-                await self.step()
+                await step()
             except Exception as exc:
-                self.health.failed(exc)
+                self.health.failed(exc, lane)
                 if isinstance(exc, StoreError):
                     log.error("the store cannot be used (%s); trying again in %.1f s", exc, backoff)
                 else:
-                    log.exception("a worker step failed; trying again in %.1f s", backoff)
+                    log.exception(
+                        "a worker step failed (%s); trying again in %.1f s", lane, backoff
+                    )
                 pause, backoff = backoff, min(backoff * 2, MOST_BACKOFF)
             else:
-                self.health.succeeded()
+                self.health.succeeded(lane)
                 pause, backoff = self.poll, FIRST_BACKOFF
-            waiting = [asyncio.ensure_future(self._wake.wait()), asyncio.ensure_future(stop.wait())]
+            waiting = [asyncio.ensure_future(wake.wait()), asyncio.ensure_future(stop.wait())]
             try:
                 await asyncio.wait(waiting, timeout=pause, return_when=asyncio.FIRST_COMPLETED)
             finally:

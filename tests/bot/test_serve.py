@@ -10,7 +10,7 @@ import signal
 import socket
 import subprocess
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -18,11 +18,23 @@ import httpx
 import pytest
 
 from nodbot.bot.serve import _listen, serving
-from nodbot.core import Agent, ChatCompletionsModel, ToolRegistry
+from nodbot.bot.service import BotService
+from nodbot.core import (
+    Agent,
+    AssistantMessage,
+    ChatCompletionsModel,
+    ChatResponse,
+    Decision,
+    Message,
+    ToolCall,
+    ToolRegistry,
+    ToolSpec,
+)
 from tests.bot.processes import Running, nodbot_serve
 from tests.bot.test_cli import nodbot
 from tests.bot.webhook_receiver import SECRET as RECEIVER_SECRET
-from tests.bot.webhook_receiver import receiving
+from tests.bot.webhook_receiver import Receiver, receiving
+from tests.support import eventually
 
 ROOT = Path(__file__).resolve().parents[2]
 TOKENS = {
@@ -448,3 +460,82 @@ agents:
     async with serving(str(path), configure_logs=False):
         assert gc.get_freeze_count() > 10_000  # the modules, agents and app, at least
     assert gc.get_freeze_count() == 0  # handed back to the collector with the bot
+
+
+# An agent whose refunds wait for the test to let them finish.
+slow_tools = ToolRegistry()
+refunds_may_finish = asyncio.Event()
+
+
+@slow_tools.tool(effects="destructive")
+async def refund(order_id: str, amount: float) -> str:
+    """Refund an amount on an order (once the test lets it)."""
+    await refunds_may_finish.wait()
+    return f"refunded {amount} on {order_id}"
+
+
+class RefundChat:
+    """Asks for the refund its input names (`refund <order> <amount>`), then says done."""
+
+    async def respond(self, messages: Sequence[Message], tools: Sequence[ToolSpec]) -> ChatResponse:
+        if any(isinstance(message, AssistantMessage) for message in messages):
+            return ChatResponse(content="done")
+        _, order_id, amount = str(messages[-1].content).split()
+        arguments = {"order_id": order_id, "amount": float(amount)}
+        return ChatResponse(tool_calls=[ToolCall(id="call_1", name="refund", arguments=arguments)])
+
+
+slow_agent = Agent(RefundChat(), slow_tools)
+
+
+async def test_a_review_is_posted_while_another_runs_tool_is_still_running(
+    tmp_path: Path,
+) -> None:
+    refunds_may_finish.clear()
+    async with receiving() as receiver:
+        path = tmp_path / "nodbot.yml"
+        path.write_text(
+            f"""
+store: {{url: "sqlite:///{tmp_path / "nodbot.db"}"}}
+server: {{host: 127.0.0.1, port: 0}}
+workers: {{poll: 60}}
+agents:
+  slow: tests.bot.test_serve:slow_agent
+rules:
+  - tool: refund
+    reviewers: [U0123LEADS]
+webhooks:
+  - {{name: ops, url: "{receiver.url}", secret: {RECEIVER_SECRET}}}
+"""
+        )
+        async with serving(str(path), configure_logs=False) as served:
+            try:
+                await _post_while_refunding(served.service, receiver)
+            finally:
+                refunds_may_finish.set()  # the bot stops only once its tools have returned
+
+
+async def _post_while_refunding(service: BotService, receiver: Receiver) -> None:
+    first = await service.start_run("slow", "refund o-1 5", requested_by="ana")
+    [pending] = await service.store.list(run_id=first.run_id, status="pending")
+    await receiver.wait_for(1)  # its review, posted
+    await service.store.decide(
+        pending.approval_id, Decision(approved=True, decided_by="U0123LEADS")
+    )
+    service.decided()
+
+    async def refunding() -> bool:
+        run = await service.store.get_run(first.run_id)
+        return run.status == "running"
+
+    await eventually(refunding, "the first run's refund running")
+    # Its refund holds the runs' lane; the next review is posted all the same.
+    await service.start_run("slow", "refund o-2 5", requested_by="ana")
+    await receiver.wait_for(2, within=5)
+    assert (await service.store.get_run(first.run_id)).status == "running"
+    refunds_may_finish.set()
+
+    async def finished() -> bool:
+        return (await service.store.get_run(first.run_id)).status == "finished"
+
+    await eventually(finished, "the first run finished")

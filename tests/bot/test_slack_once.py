@@ -56,8 +56,16 @@ async def decide(bot: Bot, approval_id: str, action: str = "approve") -> None:
 
 
 async def all_updated(bot: Bot, approval_id: str) -> list[Delivery]:
-    """Once the review's deliveries are settled: every message in each reviewer's DM has
-    lost its buttons."""
+    """Once the review's outcome was announced and its deliveries are settled: every message
+    in each reviewer's DM has lost its buttons."""
+    store = bot.served.service.store
+
+    async def outcome_settled() -> bool:
+        found = await store.deliveries(approval_id)
+        outcome = any(d.kind == "outcome" for d in found)
+        return outcome and all(d.status != "due" for d in found)
+
+    await eventually(outcome_settled, f"the outcome deliveries of {approval_id}")
     deliveries = await bot.settled(approval_id)
     for user in (bot.lead, bot.second):
         for message in top(bot, user):
