@@ -18,6 +18,7 @@ def test_the_bot_benchmark_runs_and_reports_every_figure() -> None:
     for figure in (
         "pending -> posted p99 =",
         "decision -> tool run p99 =",
+        "under load, pending -> posted p99 =",
         "approvals end to end =",
         "the median of 2 rounds",
         "bot CPU per approval end to end =",
