@@ -16,10 +16,12 @@ script prints cycles/second for each, then the ratios that GOALS.md sets goals f
 4. The peer: LangChain `create_agent` + `HumanInTheLoopMiddleware` + LangGraph `SqliteSaver`
    on a SQLite file, driven by a fake chat model (no network): a twentieth of `--cycles`
    each round, before nodbot in odd rounds and after it in even ones.
-5. The floor: three raw sqlite3 transactions per cycle (WAL, `synchronous=NORMAL`): insert
-   a pending row, mark it decided, mark it consumed; ten times `--cycles` of them, so that it
-   is measured over about as long a window as nodbot. The same three statements through
-   asyncpg give PostgreSQL's floor, which shows what the server's durable commits cost.
+5. The floor: three raw sqlite3 transactions per cycle (WAL, `synchronous=NORMAL`, and the
+   page size the store gives a new file, `SQLITE_PAGE_SIZE`, so that both write pages of one
+   size): insert a pending row, mark it decided, mark it consumed; ten times `--cycles` of
+   them, so that it is measured over about as long a window as nodbot. The same three
+   statements through asyncpg give PostgreSQL's floor, which shows what the server's durable
+   commits cost.
 
 Run it with `make bench`, or `.venv/bin/python bench/cycle.py --cycles 500`. It prints
 figures; it is not a test. It reaches only loopback addresses.
@@ -65,6 +67,7 @@ from nodbot.core import (  # noqa: E402  (after the tracing switch above)
     ToolContext,
     ToolRegistry,
 )
+from nodbot.core.sqlstore.engine import SQLITE_PAGE_SIZE  # noqa: E402
 
 PEER_GOAL = 20.0
 """nodbot on SQLite must do at least this many times the peer's cycles/s."""
@@ -310,6 +313,7 @@ def floor_cycles(path: Path, cycles: int, warmup: int) -> Result:
     """Insert a pending row, mark it decided, mark it consumed: three transactions a cycle."""
     conn = sqlite3.connect(path)
     try:
+        conn.execute(f"PRAGMA page_size={SQLITE_PAGE_SIZE}")  # before WAL: then it is fixed
         conn.execute("PRAGMA journal_mode=WAL")
         conn.execute("PRAGMA synchronous=NORMAL")
         conn.execute(

@@ -32,6 +32,11 @@ _DRIVERS = {"sqlite": "sqlite+aiosqlite", "postgresql": "postgresql+asyncpg"}
 _SUPPORTED = set(_DRIVERS.values())
 # How long a SQLite writer waits for another process's write lock before giving up.
 SQLITE_BUSY_TIMEOUT_MS = 30_000
+SQLITE_PAGE_SIZE = 1024
+"""Bytes per page of a new SQLite file (SQLite's default is 4096). The store's transactions
+are small and many; each commit writes every page it changed to the WAL, about six (a
+review's row, its indexes, its event, its run): with 1 KB pages an approval cycle writes a
+quarter of the bytes and runs 15% faster (bench/cycle.py). A file made before keeps its size."""
 
 
 def normalize_url(url: str | URL) -> URL:
@@ -100,6 +105,8 @@ def open_engine(url: URL) -> AsyncEngine:
         dbapi_connection.isolation_level = None
         cursor = dbapi_connection.cursor()
         cursor.execute(f"PRAGMA busy_timeout = {SQLITE_BUSY_TIMEOUT_MS}")
+        # Taken only by a file that has no page yet (then WAL fixes it for good).
+        cursor.execute(f"PRAGMA page_size = {SQLITE_PAGE_SIZE}")
         cursor.execute("PRAGMA journal_mode = WAL")
         cursor.execute("PRAGMA synchronous = NORMAL")
         cursor.close()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import sqlite3
 from pathlib import Path
 from typing import Any
 
@@ -11,7 +13,9 @@ from alembic.runtime.migration import MigrationContext
 from sqlalchemy import Connection
 from sqlalchemy.ext.asyncio import create_async_engine
 
+from nodbot.core import ApprovalRequest
 from nodbot.core.sqlstore import SqlApprovalStore
+from nodbot.core.sqlstore.engine import SQLITE_PAGE_SIZE
 from nodbot.core.sqlstore.schema import metadata
 from tests.core.store.conftest import database_url
 
@@ -34,3 +38,26 @@ async def test_migrated_schema_matches_the_declared_one(backend: str, tmp_path: 
         finally:
             await engine.dispose()
     assert found == []
+
+
+def page_size(path: Path) -> int:
+    with contextlib.closing(sqlite3.connect(path)) as db:
+        size: int = db.execute("PRAGMA page_size").fetchone()[0]
+    return size
+
+
+async def test_a_new_sqlite_file_has_small_pages_and_an_older_one_keeps_its_own(
+    tmp_path: Path,
+) -> None:
+    new, old = tmp_path / "new.db", tmp_path / "old.db"
+    with contextlib.closing(sqlite3.connect(old)) as db:  # a file made with SQLite's default
+        db.execute("PRAGMA page_size = 4096")
+        db.execute("CREATE TABLE made_before (x INTEGER)")
+    for path in (new, old):
+        async with SqlApprovalStore(f"sqlite:///{path}") as store:
+            made = await store.create(
+                ApprovalRequest(run_id="r", call_id="c", tool="t", arguments={}, digest="d")
+            )
+            assert (await store.get(made.approval_id)).status == "pending"
+    assert page_size(new) == SQLITE_PAGE_SIZE == 1024
+    assert page_size(old) == 4096
