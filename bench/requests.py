@@ -271,8 +271,9 @@ def print_report(args: argparse.Namespace, measured: Sequence[Measured]) -> None
             f" (median of {len(rounds)})"
         )
     print(
-        f"reference, quoted from GOALS.md (not measured here): the awaithumans 0.1.12 server"
-        f" spends about {AWAITHUMANS_CPU_MS:.0f} ms CPU per task"
+        f"reference: GOALS.md quotes about {AWAITHUMANS_CPU_MS:.0f} ms of CPU per task for the"
+        " awaithumans 0.1.12 server; bench/bot.py measures it beside the bot, with the same"
+        " workload (not here)"
     )
 
 
