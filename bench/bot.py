@@ -768,22 +768,15 @@ def print_report(measured: Measured) -> None:
 def print_goals(results: Sequence[Measured]) -> None:
     print()
     for measured in results:
-        _, _, posted, _ = percentiles_ms([s.delivered for s in measured.latencies])
-        _, _, ran, _ = percentiles_ms([s.to_tool for s in measured.latencies])
-        print(
-            f"[{measured.store}] pending -> posted p99 = {posted:.1f} ms"
-            f" (goal <= {LATENCY_GOAL_MS:.0f} ms: {verdict(posted <= LATENCY_GOAL_MS)});"
-            f" decision -> tool run p99 = {ran:.1f} ms"
-            f" (goal <= {LATENCY_GOAL_MS:.0f} ms: {verdict(ran <= LATENCY_GOAL_MS)})"
-        )
-        _, _, posted, _ = percentiles_ms([s.delivered for s in measured.loaded])
-        _, _, ran, _ = percentiles_ms([s.to_tool for s in measured.loaded])
-        print(
-            f"[{measured.store}] under load, pending -> posted p99 = {posted:.1f} ms"
-            f" (goal <= {LATENCY_GOAL_MS:.0f} ms: {verdict(posted <= LATENCY_GOAL_MS)});"
-            f" decision -> tool run p99 = {ran:.1f} ms"
-            f" (goal <= {LATENCY_GOAL_MS:.0f} ms: {verdict(ran <= LATENCY_GOAL_MS)})"
-        )
+        for when, samples in (("", measured.latencies), ("under load, ", measured.loaded)):
+            _, _, posted, _ = percentiles_ms([s.delivered for s in samples])
+            _, _, ran, _ = percentiles_ms([s.to_tool for s in samples])
+            print(
+                f"[{measured.store}] {when}pending -> posted p99 = {posted:.1f} ms"
+                f" (goal <= {LATENCY_GOAL_MS:.0f} ms: {verdict(posted <= LATENCY_GOAL_MS)});"
+                f" decision -> tool run p99 = {ran:.1f} ms"
+                f" (goal <= {LATENCY_GOAL_MS:.0f} ms: {verdict(ran <= LATENCY_GOAL_MS)})"
+            )
         stalls = measured.stalls
         worst = stalls.worst * 1000
         print(

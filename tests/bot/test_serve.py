@@ -423,16 +423,20 @@ chat_agent = Agent(
 )
 
 
-async def test_the_agents_chat_models_send_on_the_bots_one_session(tmp_path: Path) -> None:
+def in_process_config(tmp_path: Path, rest: str) -> Path:
+    """A nodbot.yml for a bot served in this process: SQLite in `tmp_path`, a free port."""
     path = tmp_path / "nodbot.yml"
     path.write_text(
         f"""
 store: {{url: "sqlite:///{tmp_path / "nodbot.db"}"}}
 server: {{host: 127.0.0.1, port: 0}}
-agents:
-  chatty: tests.bot.test_serve:chat_agent
-"""
+{rest}"""
     )
+    return path
+
+
+async def test_the_agents_chat_models_send_on_the_bots_one_session(tmp_path: Path) -> None:
+    path = in_process_config(tmp_path, "agents:\n  chatty: tests.bot.test_serve:chat_agent\n")
     chat = chat_agent.chat
     assert isinstance(chat, ChatCompletionsModel)
     for _ in range(2):  # a bot started again hands over its new session
@@ -447,15 +451,7 @@ agents:
 async def test_what_the_bot_holds_from_its_start_is_kept_out_of_full_collections(
     tmp_path: Path,
 ) -> None:
-    path = tmp_path / "nodbot.yml"
-    path.write_text(
-        f"""
-store: {{url: "sqlite:///{tmp_path / "nodbot.db"}"}}
-server: {{host: 127.0.0.1, port: 0}}
-agents:
-  support: examples.support_agent:agent
-"""
-    )
+    path = in_process_config(tmp_path, "agents:\n  support: examples.support_agent:agent\n")
     assert gc.get_freeze_count() == 0
     async with serving(str(path), configure_logs=False):
         assert gc.get_freeze_count() > 10_000  # the modules, agents and app, at least
@@ -493,12 +489,9 @@ async def test_a_review_is_posted_while_another_runs_tool_is_still_running(
 ) -> None:
     refunds_may_finish.clear()
     async with receiving() as receiver:
-        path = tmp_path / "nodbot.yml"
-        path.write_text(
-            f"""
-store: {{url: "sqlite:///{tmp_path / "nodbot.db"}"}}
-server: {{host: 127.0.0.1, port: 0}}
-workers: {{poll: 60}}
+        path = in_process_config(
+            tmp_path,
+            f"""workers: {{poll: 60}}
 agents:
   slow: tests.bot.test_serve:slow_agent
 rules:
@@ -506,7 +499,7 @@ rules:
     reviewers: [U0123LEADS]
 webhooks:
   - {{name: ops, url: "{receiver.url}", secret: {RECEIVER_SECRET}}}
-"""
+""",
         )
         async with serving(str(path), configure_logs=False) as served:
             try:
