@@ -334,10 +334,10 @@ class BotService:
     async def _work(self, stop: asyncio.Event) -> None:
         """Two lanes side by side: the runs (time-outs, ready runs) and the outbox (announce,
         deliver), so that a review is posted while runs move on, however many there are."""
-        await asyncio.gather(
-            self._lane(stop, self._wake, self._move_and_tell, "runs"),
-            self._lane(stop, self._outbox_wake, self.dispatcher.step, "outbox"),
-        )
+        # A task group: what ends one lane (a cancellation, an interrupt) ends the other too.
+        async with asyncio.TaskGroup() as lanes:
+            lanes.create_task(self._lane(stop, self._wake, self._move_and_tell, "runs"))
+            lanes.create_task(self._lane(stop, self._outbox_wake, self.dispatcher.step, "outbox"))
 
     async def _move_and_tell(self) -> None:
         await self._listen()
