@@ -708,33 +708,31 @@ def verdict(met: bool) -> str:
     return "met" if met else "missed"
 
 
-def print_report(measured: Measured) -> None:
-    samples = measured.latencies
+def print_latencies(title: str, samples: Sequence[Latency], answered: bool) -> None:
+    """A table of p50, p95, p99 and max of `samples` (with the decision's HTTP answer)."""
     print()
-    print(f"[{measured.store}] one run at a time ({len(samples)} runs)")
+    print(title)
     print(f"{'':<26} {'p50 ms':>8} {'p95 ms':>8} {'p99 ms':>8} {'max ms':>8}")
     rows = [
         ("pending -> posted", [sample.delivered for sample in samples]),
         ("decide -> tool ran", [sample.to_tool for sample in samples]),
-        ("decide answered (HTTP)", [sample.answered for sample in samples]),
     ]
+    if answered:
+        rows.append(("decide answered (HTTP)", [sample.answered for sample in samples]))
     for label, values in rows:
         p50, p95, p99, top = percentiles_ms(values)
         print(f"{label:<26} {p50:>8.2f} {p95:>8.2f} {p99:>8.2f} {top:>8.2f}")
-    loaded = measured.loaded
-    print()
-    concurrency = measured.rounds[0].concurrency
-    print(
-        f"[{measured.store}] under load: {concurrency} runs at once, every run of the"
-        f" {len(measured.rounds)} rounds ({len(loaded)} runs)"
+
+
+def print_report(measured: Measured) -> None:
+    samples, loaded = measured.latencies, measured.loaded
+    print_latencies(f"[{measured.store}] one run at a time ({len(samples)} runs)", samples, True)
+    print_latencies(
+        f"[{measured.store}] under load: {measured.rounds[0].concurrency} runs at once, every"
+        f" run of the {len(measured.rounds)} rounds ({len(loaded)} runs)",
+        loaded,
+        False,
     )
-    print(f"{'':<26} {'p50 ms':>8} {'p95 ms':>8} {'p99 ms':>8} {'max ms':>8}")
-    for label, values in (
-        ("pending -> posted", [sample.delivered for sample in loaded]),
-        ("decide -> tool ran", [sample.to_tool for sample in loaded]),
-    ):
-        p50, p95, p99, top = percentiles_ms(values)
-        print(f"{label:<26} {p50:>8.2f} {p95:>8.2f} {p99:>8.2f} {top:>8.2f}")
 
     t = measured.throughput
     print()

@@ -72,9 +72,9 @@ from nodbot.core.sqlstore.engine import SQLITE_PAGE_SIZE  # noqa: E402
 PEER_GOAL = 20.0
 """nodbot on SQLite must do at least this many times the peer's cycles/s."""
 FLOOR_GOAL = 10.0
+"""The floor may do at most this many times nodbot's cycles/s on SQLite."""
 POSTGRES_CONCURRENCY = 8
 """Runs at once in the concurrent PostgreSQL workload."""
-"""The floor may do at most this many times nodbot's cycles/s on SQLite."""
 POSTGRES_GOAL = 1000.0
 """Cycles/s nodbot must reach on PostgreSQL over loopback."""
 

@@ -70,10 +70,6 @@ class WorkerHealth:
 
     running: bool = False
     """The worker loop is on (it stops only when the bot does)."""
-    failures: int = 0
-    """Failed steps since the last one that succeeded, of the lane failing longest."""
-    error: str | None = None
-    """Why the last step failed, while it keeps failing."""
     listening: Listening | None = None
     """The database's notices, where the store has them."""
     stepped: bool = False
@@ -83,17 +79,25 @@ class WorkerHealth:
     lanes: dict[str, tuple[int, str]] = field(default_factory=dict)
     """Per lane of the workers (runs, outbox) that is failing: its failures and last error."""
 
+    @property
+    def failures(self) -> int:
+        """Failed steps since the last one that succeeded, of the lane failing longest."""
+        return max(self.lanes.values(), default=(0, ""))[0]
+
+    @property
+    def error(self) -> str | None:
+        """Why that lane's last step failed, while it keeps failing."""
+        return max(self.lanes.values())[1] if self.lanes else None
+
     def failed(self, exc: Exception, lane: str = "runs") -> None:
         count = self.lanes.get(lane, (0, ""))[0] + 1
         self.lanes[lane] = (count, f"{type(exc).__name__}: {exc}")
-        self.failures, self.error = max(self.lanes.values())
 
     def mailbox_problem(self, reason: str | None) -> None:
         self.mailbox = reason
 
     def succeeded(self, lane: str = "runs") -> None:
         self.lanes.pop(lane, None)
-        self.failures, self.error = max(self.lanes.values(), default=(0, None))
         self.stepped = True
 
     def problems(self) -> list[str]:

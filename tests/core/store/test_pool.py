@@ -6,12 +6,26 @@ whoever waits."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections.abc import AsyncIterator
 
 import asyncpg
 import pytest
 
 from nodbot.core.sqlstore.pool import GuardedPool, PoolClosed
 from tests.support import eventually, postgres_database
+
+
+@contextlib.asynccontextmanager
+async def pooled(max_size: int, url: str | None = None) -> AsyncIterator[GuardedPool]:
+    """A pool of at most `max_size` connections to `url` (by default a fresh database),
+    closed at the end."""
+    async with contextlib.AsyncExitStack() as stack:
+        if url is None:
+            url = await stack.enter_async_context(postgres_database())
+        pool = await GuardedPool.connect(url, max_size=max_size)
+        stack.push_async_callback(pool.close)
+        yield pool
 
 
 async def held(pool: GuardedPool, release: asyncio.Event) -> asyncio.Task[None]:
@@ -54,33 +68,26 @@ async def backend_pids(pool: GuardedPool, count: int) -> set[int]:
 
 
 async def test_at_most_max_size_connections_and_waiters_served_in_turn() -> None:
-    async with postgres_database() as url:
-        pool = await GuardedPool.connect(url, max_size=2)
-        try:
-            in_use = 0
-            most = 0
+    async with pooled(2) as pool:
+        in_use = 0
+        most = 0
 
-            async def use() -> int:
-                nonlocal in_use, most
-                async with pool.acquire() as connection:
-                    in_use += 1
-                    most = max(most, in_use)
-                    value = await connection.fetchval("SELECT pg_sleep(0.01)::text || '1'")
-                    in_use -= 1
-                    return int(value)
+        async def use() -> int:
+            nonlocal in_use, most
+            async with pool.acquire() as connection:
+                in_use += 1
+                most = max(most, in_use)
+                value = await connection.fetchval("SELECT pg_sleep(0.01)::text || '1'")
+                in_use -= 1
+                return int(value)
 
-            assert (
-                await asyncio.wait_for(asyncio.gather(*(use() for _ in range(12))), 20) == [1] * 12
-            )
-            assert most == 2
-            assert pool.size == 2
-        finally:
-            await pool.close()
+        assert await asyncio.wait_for(asyncio.gather(*(use() for _ in range(12))), 20) == [1] * 12
+        assert most == 2
+        assert pool.size == 2
 
 
 async def test_a_connection_the_server_ended_under_a_query_is_replaced() -> None:
-    async with postgres_database() as url:
-        pool = await GuardedPool.connect(url, max_size=1)
+    async with postgres_database() as url, pooled(1, url) as pool:
         admin = await asyncpg.connect(url)
         try:
             (pid,) = await backend_pids(pool, 1)
@@ -103,53 +110,40 @@ async def test_a_connection_the_server_ended_under_a_query_is_replaced() -> None
             assert fresh != pid
         finally:
             await admin.close()
-            await pool.close()
 
 
 async def test_a_statements_own_error_keeps_the_connection() -> None:
-    async with postgres_database() as url:
-        pool = await GuardedPool.connect(url, max_size=1)
-        try:
-            (pid,) = await backend_pids(pool, 1)
-            with pytest.raises(asyncpg.DataError):
-                await pool.fetchval("SELECT 'not a number'::integer")
-            assert await backend_pids(pool, 1) == {pid}
-        finally:
-            await pool.close()
+    async with pooled(1) as pool:
+        (pid,) = await backend_pids(pool, 1)
+        with pytest.raises(asyncpg.DataError):
+            await pool.fetchval("SELECT 'not a number'::integer")
+        assert await backend_pids(pool, 1) == {pid}
 
 
 async def test_a_connection_left_in_a_transaction_is_not_handed_out_again() -> None:
-    async with postgres_database() as url:
-        pool = await GuardedPool.connect(url, max_size=1)
-        try:
-            async with pool.acquire() as connection:
-                pid = await connection.fetchval("SELECT pg_backend_pid()")
-                await connection.execute("BEGIN")
-            assert pool.size == 0
-            async with pool.acquire() as connection:
-                assert not connection.is_in_transaction()
-                assert await connection.fetchval("SELECT pg_backend_pid()") != pid
-        finally:
-            await pool.close()
+    async with pooled(1) as pool:
+        async with pool.acquire() as connection:
+            pid = await connection.fetchval("SELECT pg_backend_pid()")
+            await connection.execute("BEGIN")
+        assert pool.size == 0
+        async with pool.acquire() as connection:
+            assert not connection.is_in_transaction()
+            assert await connection.fetchval("SELECT pg_backend_pid()") != pid
 
 
 async def test_a_cancelled_waiter_passes_its_turn_on() -> None:
-    async with postgres_database() as url:
-        pool = await GuardedPool.connect(url, max_size=1)
-        try:
-            release = asyncio.Event()
-            holding = await held(pool, release)
-            cancelled = asyncio.create_task(pool.fetchval("SELECT 1"))
-            served = asyncio.create_task(pool.fetchval("SELECT 3"))
-            await until_waiting(pool, 2)
-            cancelled.cancel()
-            release.set()
-            assert await asyncio.wait_for(served, timeout=10) == 3
-            await holding
-            with pytest.raises(asyncio.CancelledError):
-                await cancelled
-        finally:
-            await pool.close()
+    async with pooled(1) as pool:
+        release = asyncio.Event()
+        holding = await held(pool, release)
+        cancelled = asyncio.create_task(pool.fetchval("SELECT 1"))
+        served = asyncio.create_task(pool.fetchval("SELECT 3"))
+        await until_waiting(pool, 2)
+        cancelled.cancel()
+        release.set()
+        assert await asyncio.wait_for(served, timeout=10) == 3
+        await holding
+        with pytest.raises(asyncio.CancelledError):
+            await cancelled
 
 
 async def test_close_refuses_waiters_and_later_acquires() -> None:
