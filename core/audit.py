@@ -41,10 +41,6 @@ def moment_text(at: datetime) -> str:
     return at.isoformat("T", "microseconds")[:26]  # without the +00:00 of an aware time
 
 
-def _field(value: str | None) -> str:
-    return "~" if value is None else f"{len(value)}:{value}"
-
-
 def message(
     *,
     prev: str | None,
@@ -58,8 +54,25 @@ def message(
     detail: str,
 ) -> bytes:
     """The bytes an event's hash is made of (see the module's docstring)."""
-    fields = (prev, str(n), approval_id, kind, moment_text(at), actor, person, channel, detail)
-    return (HEADER + "\n".join([_field(value) for value in fields])).encode("utf-8")
+    return _message(prev, n, approval_id, kind, moment_text(at), actor, person, channel, detail)
+
+
+def _message(
+    prev: str | None,
+    n: int,
+    approval_id: str,
+    kind: str,
+    at_text: str,
+    actor: str | None,
+    person: str | None,
+    channel: str | None,
+    detail: str,
+) -> bytes:
+    fields = (prev, str(n), approval_id, kind, at_text, actor, person, channel, detail)
+    # Each field in place, with no call per field: every event a store writes comes here.
+    return (
+        HEADER + "\n".join(["~" if value is None else f"{len(value)}:{value}" for value in fields])
+    ).encode("utf-8")
 
 
 def chain_key(secret: str) -> bytes:
@@ -110,16 +123,23 @@ class EventHasher:
         detail: str,
     ) -> str:
         """The hash of one event (see `message`)."""
+        text = moment_text(at)
+        return self.hash_at_text(prev, n, approval_id, kind, text, actor, person, channel, detail)
+
+    def hash_at_text(
+        self,
+        prev: str | None,
+        n: int,
+        approval_id: str,
+        kind: str,
+        at_text: str,
+        actor: str | None,
+        person: str | None,
+        channel: str | None,
+        detail: str,
+    ) -> str:
+        """`hash` for a store that has formatted the time already: `at_text` is
+        `moment_text(at)`. The fields are positional, in the message's order."""
         return self.digest(
-            message(
-                prev=prev,
-                n=n,
-                approval_id=approval_id,
-                kind=kind,
-                at=at,
-                actor=actor,
-                person=person,
-                channel=channel,
-                detail=detail,
-            )
+            _message(prev, n, approval_id, kind, at_text, actor, person, channel, detail)
         )

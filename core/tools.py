@@ -48,9 +48,13 @@ ConfirmRule: TypeAlias = Callable[[ToolCall, ToolContext], "bool | Awaitable[boo
 _EFFECTS = ("read", "write", "destructive")
 
 
+_CANONICAL = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+"""One encoder for every call: `json.dumps` with options makes a new one each time."""
+
+
 def canonical_json(value: Any) -> str:
     """JSON with sorted keys and no spaces: the same arguments always give the same text."""
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return _CANONICAL.encode(value)
 
 
 def arguments_digest(arguments: Mapping[str, Any]) -> str:

@@ -167,12 +167,22 @@ _CLAIM_READY = (
 )
 
 
+_LAST_TEXT: tuple[datetime | None, str] = (None, "")
+"""The moment `_text` formatted last, and its text: one operation formats its time for the
+row, for each event and for each hash (a tuple, so that it is read and replaced whole)."""
+
+
 def _text(moment: datetime) -> str:
     """The form SQLAlchemy writes DATETIME columns in on SQLite: naive UTC, ISO with a space
     (the `+00:00` that isoformat adds for UTC is cut off)."""
-    if moment.tzinfo is not UTC:
-        moment = moment.astimezone(UTC)
-    return moment.isoformat(" ", "microseconds")[:26]
+    global _LAST_TEXT
+    last, text = _LAST_TEXT
+    if moment is last:
+        return text
+    utc = moment if moment.tzinfo is UTC else moment.astimezone(UTC)
+    text = utc.isoformat(" ", "microseconds")[:26]
+    _LAST_TEXT = (moment, text)
+    return text
 
 
 def _moment(text: str) -> datetime:
@@ -310,18 +320,12 @@ class SqliteBackend:
             after = NO_LINK if last is None else (last[0], last[1])
         n, prev = after[0] + 1, after[1]
         kind, actor, channel, text, person = event
-        digest = self._hasher.hash(
-            prev=prev,
-            n=n,
-            approval_id=approval_id,
-            kind=kind,
-            at=at,
-            actor=actor,
-            person=person,
-            channel=channel,
-            detail=text,
+        stored = _text(at)  # the message has a T where the column has a space
+        moment = f"{stored[:10]}T{stored[11:]}"
+        digest = self._hasher.hash_at_text(
+            prev, n, approval_id, kind, moment, actor, person, channel, text
         )
-        values = (approval_id, kind, _text(at), actor, person, channel, text, n, prev, digest)
+        values = (approval_id, kind, stored, actor, person, channel, text, n, prev, digest)
         db.execute(_EVENT, values)
         return n, digest
 

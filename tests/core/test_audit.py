@@ -75,3 +75,14 @@ def test_the_pads_make_the_same_hmac_with_plain_sha256() -> None:
     data = message(**fields(detail='{"reason":"nö"}'))
     by_pads = hashlib.sha256(outer + hashlib.sha256(inner + data).digest()).hexdigest()
     assert by_pads == hmac.new(chain_key(secret), data, hashlib.sha256).hexdigest()
+
+
+def test_a_time_formatted_already_hashes_as_the_time_itself() -> None:
+    values = fields(prev="ab" * 32, n=7, person="ana@example.com", actor=None)
+    at_text = moment_text(values["at"])
+    ordered = [values[name] for name in ("prev", "n", "approval_id", "kind")]
+    rest = [values[name] for name in ("actor", "person", "channel", "detail")]
+    for hasher in (EventHasher(), EventHasher("the audit key")):
+        assert hasher.hash_at_text(*ordered, at_text, *rest) == hasher.hash(**values)
+        later = moment_text(values["at"] + timedelta(microseconds=1))
+        assert hasher.hash_at_text(*ordered, later, *rest) != hasher.hash(**values)
