@@ -3,6 +3,7 @@ each is run here with the smallest workload."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -112,3 +113,33 @@ def test_every_benchmark_starts_from_its_own_folder() -> None:
         command = [sys.executable, str(script), "--help"]
         done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=120)
         assert done.returncode == 0, f"{script.name}: {done.stderr}"
+
+
+def test_the_instruction_count_workloads_run_and_it_refuses_without_valgrind(
+    tmp_path: Path,
+) -> None:
+    # What runs under valgrind: each workload as its child process runs it, from this tree.
+    for workload in ("memory", "sqlite", "floor"):
+        command = [sys.executable, "bench/instructions.py", "--child", workload, "--cycles", "3"]
+        done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, f"{workload}: {done.stderr}"
+    # A tree that is not where nodbot is imported from is refused, not measured as another.
+    command = [
+        sys.executable,
+        "bench/instructions.py",
+        "--child",
+        "memory",
+        "--tree",
+        str(tmp_path),
+    ]
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode != 0 and "nodbot was imported from" in done.stderr, done.stderr
+    # Without valgrind on the PATH it says what to install, and counts nothing.
+    without = {**os.environ, "PATH": str(tmp_path)}
+    command = [sys.executable, "bench/instructions.py", "--workloads", "memory"]
+    done = subprocess.run(
+        command, cwd=ROOT, capture_output=True, text=True, timeout=120, env=without
+    )
+    assert done.returncode == 2, done.stdout
+    assert "apt-get install valgrind" in done.stderr
+    assert "instructions per cycle" not in done.stdout
