@@ -54,21 +54,12 @@ def message(
     detail: str,
 ) -> bytes:
     """The bytes an event's hash is made of (see the module's docstring)."""
-    return _message(prev, n, approval_id, kind, moment_text(at), actor, person, channel, detail)
+    text = moment_text(at)
+    return _message((prev, str(n), approval_id, kind, text, actor, person, channel, detail))
 
 
-def _message(
-    prev: str | None,
-    n: int,
-    approval_id: str,
-    kind: str,
-    at_text: str,
-    actor: str | None,
-    person: str | None,
-    channel: str | None,
-    detail: str,
-) -> bytes:
-    fields = (prev, str(n), approval_id, kind, at_text, actor, person, channel, detail)
+def _message(fields: tuple[str | None, ...]) -> bytes:
+    """The message of the fields in its order, `n` and the time already written as text."""
     # Each field in place, with no call per field: every event a store writes comes here.
     return (
         HEADER + "\n".join(["~" if value is None else f"{len(value)}:{value}" for value in fields])
@@ -140,6 +131,5 @@ class EventHasher:
     ) -> str:
         """`hash` for a store that has formatted the time already: `at_text` is
         `moment_text(at)`. The fields are positional, in the message's order."""
-        return self.digest(
-            _message(prev, n, approval_id, kind, at_text, actor, person, channel, detail)
-        )
+        fields = (prev, str(n), approval_id, kind, at_text, actor, person, channel, detail)
+        return self.digest(_message(fields))
