@@ -101,13 +101,10 @@ Index(
 Index("approvals_call", approvals.c.run_id, approvals.c.call_id, approvals.c.seq)
 # list(status=...) across runs, in creation order.
 Index("approvals_status", approvals.c.status, approvals.c.seq)
-# expire_due(): pending reviews by deadline.
-Index(
-    "approvals_deadline",
-    approvals.c.deadline,
-    sqlite_where=approvals.c.status == "pending",
-    postgresql_where=approvals.c.status == "pending",
-)
+# expire_due(): pending reviews by deadline; only those that have one (migration 0013), so
+# that a review made without a deadline writes nothing here, made or decided.
+_TIMED = text("status = 'pending' AND deadline IS NOT NULL")
+Index("approvals_deadline", approvals.c.deadline, sqlite_where=_TIMED, postgresql_where=_TIMED)
 
 # The outbox's work list: reviews whose request, or outcome once decided, is still to be
 # announced. Exactly the list, so that reviews announced and still open are not in it (they

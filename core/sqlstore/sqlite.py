@@ -110,11 +110,6 @@ _CONSUME = (
     f"UPDATE approvals SET {_CONSUME_SET} WHERE approval_id = ? AND {_CONSUME_WHERE} "
     f"RETURNING {COLUMNS}"
 )
-_TAKE = (
-    f"UPDATE approvals SET {_CONSUME_SET} WHERE run_id = ? AND call_id = ? "
-    f"AND finished_at IS NULL AND {_CONSUME_WHERE} AND tool = ? AND digest = ? "
-    f"RETURNING {COLUMNS}"
-)
 _COUNTS = "SELECT status, count(*) FROM approvals GROUP BY status"
 _VOTES = "SELECT voter, decision FROM votes WHERE approval_id = ? ORDER BY seq"
 _INSERT_VOTE = "INSERT INTO votes (approval_id, voter, decision, at) VALUES (?, ?, ?, ?)"
@@ -423,27 +418,29 @@ class SqliteBackend:
         now = _text(event_at)
 
         def work(db: sqlite3.Connection) -> Claimed:
-            # A resume of a decided call takes it in one statement; otherwise the record
-            # is made, or found and said why it cannot be taken. The write lock is held
-            # throughout, so nothing changes between these statements.
-            taken = _row(
-                db.execute(_TAKE, (now, now, *key, request.tool, request.digest)).fetchone()
-            )
-            if taken is not None:
+            # The call's active record is read first (a read, where an UPDATE that finds
+            # nothing would be a write statement for every new review); then it is made, or
+            # taken, or said why it cannot be. The write lock is held throughout, so nothing
+            # changes between these statements.
+            active = _row(db.execute(_SELECT_ACTIVE, key).fetchone())
+            if active is None:
+                created = self._insert(db, new_row(), event_at)
+                if created is None:  # cannot be: the lock is held and there was none
+                    raise AssertionError(f"call {key} has an active record after all")
+                return Claimed("pending", created)
+            step = claim_step(active, request)
+            if step == "take":
+                approval_id = active["approval_id"]
+                taken = _row(db.execute(_CONSUME, (now, now, approval_id)).fetchone())
+                if taken is None:  # cannot be: the lock is held and it was decided, unused
+                    raise AssertionError(f"approval {approval_id} was not taken")
                 link = None
                 for event in consumed_events(taken, actor):
-                    link = self._append(db, taken["approval_id"], event_at, event, after=link)
+                    link = self._append(db, approval_id, event_at, event, after=link)
                 return Claimed("taken", taken)
-            created = self._insert(db, new_row(), event_at)
-            if created is not None:
-                return Claimed("pending", created)
-            active = _row(db.execute(_SELECT_ACTIVE, key).fetchone()) or {}
-            step = claim_step(active, request)
             if step == "in_use":
                 refusal = EventValues("refused", actor, "executor", consume_refusal(active))
                 self._append(db, active["approval_id"], event_at, refusal)
-            if step == "take":  # cannot be: the first statement would have taken it
-                raise AssertionError(f"approval {active['approval_id']} was not taken")
             return Claimed(step, active)
 
         return await self._transaction(work)
