@@ -8,18 +8,13 @@ interleave. Writers of other processes are waited for without blocking the loop:
 lock is taken with `BEGIN IMMEDIATE` and, while another process holds it, retried after
 short sleeps until the store's `lock_timeout` runs out.
 
-WAL checkpoints are kept out of the loop: the loop's connection never checkpoints by itself
-(`wal_autocheckpoint = 0`; SQLite would otherwise run one inside the commit that fills the
-log, stalling the loop for tens of milliseconds), and a connection of its own, in a thread,
-makes a PASSIVE checkpoint every `CHECKPOINT_EVERY` seconds after writes (one that waits for
-no reader or writer). Other processes on the file keep SQLite's default.
+WAL checkpoints are kept out of the loop, and the log small, by a `Checkpointer`
+(`checkpoints.py`), which the commits of the loop's connection tell.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import logging
 import sqlite3
 import time
 from collections import Counter
@@ -51,15 +46,11 @@ from nodbot.core.sqlstore.backend import (
     timeout_detail,
     undelivered_event,
 )
+from nodbot.core.sqlstore.checkpoints import WAL_LIMIT, Checkpointer
 from nodbot.core.sqlstore.notices import Listening, NotListening
 from nodbot.core.store import ALREADY_VOTED, TIMEOUT_DECIDER, ApprovalRequest
 
-__all__ = ["CHECKPOINT_EVERY", "SqliteBackend"]
-
-log = logging.getLogger(__name__)
-
-CHECKPOINT_EVERY = 0.5
-"""Seconds between the background WAL checkpoints, when something was written meanwhile."""
+__all__ = ["SqliteBackend"]
 
 T = TypeVar("T")
 
@@ -278,23 +269,28 @@ def _is_busy(error: sqlite3.OperationalError) -> bool:
 class SqliteBackend:
     """Atomic store operations on one SQLite connection."""
 
-    def __init__(self, target: str, *, uri: bool, busy_timeout: float, hasher: EventHasher) -> None:
+    def __init__(
+        self,
+        target: str,
+        *,
+        uri: bool,
+        busy_timeout: float,
+        hasher: EventHasher,
+        wal_limit: int = WAL_LIMIT,
+    ) -> None:
         self._busy_timeout = busy_timeout
         self._hasher = hasher
         self._db = sqlite3.connect(target, uri=uri, isolation_level=None, check_same_thread=False)
         self._db.row_factory = sqlite3.Row
         self._db.execute("PRAGMA busy_timeout = 0")  # waiting is done in _patiently
         self._db.execute("PRAGMA synchronous = NORMAL")
-        self._target, self._uri = target, uri
-        self._writes = 0
-        """Write transactions committed, so the checkpointer knows whether to run."""
-        self._checkpoints: asyncio.Task[None] | None = None
-        self.checkpoints = 0
-        """Background WAL checkpoints made by this backend."""
-        self._aside = target != ":memory:" and "mode=memory" not in target
-        """Checkpoints are left to the background (a file: WAL, as the schema check set)."""
-        if self._aside:
-            self._db.execute("PRAGMA wal_autocheckpoint = 0")  # see the module
+        self.checkpointer: Checkpointer | None = None
+        """What checkpoints the file's log (a file in WAL mode, as the schema check set it;
+        None for a database in memory)."""
+        if target != ":memory:" and "mode=memory" not in target:
+            self.checkpointer = Checkpointer(target, uri=uri, wal_limit=wal_limit)
+            self._db.execute("PRAGMA wal_autocheckpoint = 0")  # see checkpoints.py
+            self._db.execute(f"PRAGMA journal_size_limit = {int(wal_limit)}")
 
     def _append(
         self,
@@ -355,38 +351,9 @@ class SqliteBackend:
             self._db.execute("ROLLBACK")
             raise
         self._db.execute("COMMIT")
-        self._writes += 1
-        if self._checkpoints is None and self._aside:
-            self._checkpoints = asyncio.get_running_loop().create_task(self._checkpoint_forever())
+        if self.checkpointer is not None:
+            self.checkpointer.wrote()
         return result
-
-    async def _checkpoint_forever(self) -> None:
-        """A PASSIVE checkpoint, in a thread, every `CHECKPOINT_EVERY` seconds after writes."""
-        connection: sqlite3.Connection | None = None
-        running: asyncio.Future[bool] | None = None
-        try:
-            connection = await asyncio.to_thread(
-                sqlite3.connect,
-                self._target,
-                uri=self._uri,
-                isolation_level=None,
-                check_same_thread=False,
-            )
-            seen = 0
-            while True:
-                await asyncio.sleep(CHECKPOINT_EVERY)
-                if self._writes == seen:
-                    continue
-                seen = self._writes
-                running = asyncio.ensure_future(asyncio.to_thread(_checkpoint, connection))
-                if await asyncio.shield(running):
-                    self.checkpoints += 1
-                running = None
-        finally:
-            if running is not None:  # let the thread finish before its connection closes
-                await asyncio.wait([running])
-            if connection is not None:
-                connection.close()
 
     async def _fetch_one(self, query: str, parameters: Sequence[Any]) -> Row | None:
         return _row(await self._patiently(lambda: self._db.execute(query, parameters).fetchone()))
@@ -777,20 +744,6 @@ class SqliteBackend:
         return NotListening()
 
     async def close(self) -> None:
-        if self._checkpoints is not None:
-            self._checkpoints.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._checkpoints
-            self._checkpoints = None
+        if self.checkpointer is not None:
+            await self.checkpointer.close()
         self._db.close()
-
-
-def _checkpoint(connection: sqlite3.Connection) -> bool:
-    """One PASSIVE checkpoint: as much of the log as no reader needs, waiting for nobody.
-    Whether it ran."""
-    try:
-        connection.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
-    except sqlite3.Error as exc:  # tried again at the next tick
-        log.debug("WAL checkpoint failed: %s", exc)
-        return False
-    return True
