@@ -65,6 +65,7 @@ from nodbot.core.ports import (
     Decided,
     DeferredApproval,
     PortAnswer,
+    Spent,
     Waiting,
 )
 from nodbot.core.rules import (
@@ -152,6 +153,7 @@ __all__ = [
     "RunStatus",
     "RunStore",
     "ScriptedChat",
+    "Spent",
     "SqlApprovalStore",
     "StoreError",
     "StoreSchemaError",

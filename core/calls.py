@@ -11,6 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 if TYPE_CHECKING:
     from nodbot.core.executor import Executor
+    from nodbot.core.ports import Spent
 
 __all__ = ["ToolCall", "ToolContext", "ToolError", "ToolResult", "new_id"]
 
@@ -45,6 +46,10 @@ class ToolContext:
     """Who started the run (a user id or address), shown to reviewers."""
     metadata: dict[str, Any] = field(default_factory=dict)
     """Free-form values for tools and confirm rules; never shown to the model."""
+    spent: list[Spent] | None = None
+    """Where the approvals that calls of this context have spent are collected, to be
+    recorded finished together (a durable run's step saves them with the run); None: each
+    is recorded by the approval port as its call ends."""
 
 
 @dataclass(frozen=True)

@@ -34,7 +34,14 @@ from nodbot.core.errors import (
     StoreError,
     ToolExecutionError,
 )
-from nodbot.core.ports import NO_PORT_REASON, ApprovalPort, Decided, DeferredApproval, Waiting
+from nodbot.core.ports import (
+    NO_PORT_REASON,
+    ApprovalPort,
+    Decided,
+    DeferredApproval,
+    Spent,
+    Waiting,
+)
 from nodbot.core.rules import InterruptRule, should_interrupt
 from nodbot.core.store import ApprovalRecord, ApprovalRequest, Evidence
 from nodbot.core.tools import Tool, ToolRegistry, ValidatedArguments, arguments_digest
@@ -68,13 +75,17 @@ class Executor:
         *,
         requested_by: str | None = None,
         metadata: dict[str, Any] | None = None,
+        spent: list[Spent] | None = None,
     ) -> ToolContext:
-        """A context for one run. Keep its `run_id`: a resume must use the same one."""
+        """A context for one run. Keep its `run_id`: a resume must use the same one. With
+        `spent`, the approvals its calls spend are collected there instead of recorded
+        finished one by one (`ToolContext.spent`)."""
         return ToolContext(
             run_id=run_id or new_id("run_"),
             executor=self,
             requested_by=requested_by,
             metadata=dict(metadata or {}),
+            spent=spent,
         )
 
     async def run_call(self, call: ToolCall, ctx: ToolContext) -> ToolResult:
@@ -233,7 +244,12 @@ class Executor:
             raise
         finally:
             # The decision is spent whatever happened: it must never run a second call.
-            await self.approval.settle(answer, outcome=outcome)
+            if ctx.spent is not None and isinstance(self.approval, DeferredApproval):
+                spent = self.approval.spent(answer, outcome=outcome)
+                if spent is not None:
+                    ctx.spent.append(spent)  # recorded by whoever collects them
+            else:
+                await self.approval.settle(answer, outcome=outcome)
 
     async def _invoke(self, tool: Tool, validated: ValidatedArguments, ctx: ToolContext) -> Any:
         try:

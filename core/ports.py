@@ -10,9 +10,10 @@
 
 from __future__ import annotations
 
+import functools
 import inspect
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol, TypeAlias, runtime_checkable
 
@@ -29,6 +30,7 @@ __all__ = [
     "Decided",
     "DeferredApproval",
     "PortAnswer",
+    "Spent",
     "Waiting",
 ]
 
@@ -54,6 +56,16 @@ class Waiting:
 
 
 PortAnswer: TypeAlias = Decided | Waiting
+
+
+@dataclass(frozen=True)
+class Spent:
+    """A stored approval whose call has ended: to be recorded as finished, with its outcome
+    (`ok`, or the kind of the error). A durable run's step records those of its calls with
+    its save (`RunStore.save_run`), in one transaction."""
+
+    approval_id: str
+    outcome: str
 
 
 @runtime_checkable
@@ -149,11 +161,24 @@ class DeferredApproval:
         return Decided(record.decision, record.approval_id)
 
     async def settle(self, answer: Decided, *, outcome: str) -> None:
+        spent = self.spent(answer, outcome=outcome)
+        if spent is not None:
+            await self.settle_spent([spent])
+
+    def spent(self, answer: Decided, *, outcome: str) -> Spent | None:
+        """What `settle` records for `answer`: its approval finished, when an approval of the
+        store decided the call (a denial is finished when it is taken)."""
         if answer.approval_id is not None and answer.decision.approved:
-            approval_id = answer.approval_id
+            return Spent(answer.approval_id, outcome)
+        return None
+
+    async def settle_spent(self, spent: Sequence[Spent]) -> None:
+        """Record each approval as finished, one by one, trying again while the store is
+        unavailable (the tools have run: their decisions must be recorded as spent)."""
+        for each in spent:
             await until_written(
-                lambda: self.store.finish(approval_id, outcome=outcome),
-                what=f"recording that the call of approval {approval_id} ended",
+                functools.partial(self.store.finish, each.approval_id, outcome=each.outcome),
+                what=f"recording that the call of approval {each.approval_id} ended",
                 within=self.settle_within,
             )
 

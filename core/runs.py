@@ -30,6 +30,7 @@ from nodbot.core.calls import new_id
 from nodbot.core.errors import RunConflict, RunNotFound, StoreError
 from nodbot.core.executor import Executor
 from nodbot.core.loop import Agent, Message, run_tool_loop
+from nodbot.core.ports import DeferredApproval, Spent
 from nodbot.core.retrying import until_written
 from nodbot.core.store import MemoryApprovalStore, utc_now
 
@@ -108,8 +109,11 @@ class RunStore(Protocol):
         messages: Sequence[Message],
         final_text: str | None = None,
         error: str | None = None,
+        spent: Sequence[Spent] = (),
     ) -> RunRecord:
-        """Store the run's progress and release its claim, if it is still at `run.version`.
+        """Store the run's progress and release its claim, if it is still at `run.version`;
+        record the approvals its step `spent` as finished in the same transaction, whether
+        or not the run could be saved (their calls have run).
 
         Raises `RunNotFound`, `RunConflict`.
         """
@@ -184,7 +188,10 @@ class MemoryRunStore:
         messages: Sequence[Message],
         final_text: str | None = None,
         error: str | None = None,
+        spent: Sequence[Spent] = (),
     ) -> RunRecord:
+        for each in spent:
+            await self.approvals.finish(each.approval_id, outcome=each.outcome)
         with self._lock:
             stored = self._get(run.run_id)
             if stored.version != run.version:
@@ -288,30 +295,67 @@ async def advance_run(
     left = (run.lease_until - utc_now()).total_seconds() if run.lease_until else 0.0
     if left < lease / 2:
         run = await runs.renew_claim(run, lease=lease)
-    ctx = executor.context(run.run_id, requested_by=run.requested_by)
+    # The approvals the step's calls spend are recorded finished with the step's save, in
+    # its transaction: then a review is finished exactly when its call's result is saved.
+    spent: list[Spent] = []
+    ctx = executor.context(run.run_id, requested_by=run.requested_by, spent=spent)
     try:
         result = await run_tool_loop(agent.chat, run.messages, ctx, max_turns=max_turns)
     except StoreError:
         # The store failed, not the run: the step is tried again from the run as saved (a
         # call that ran has its approval settled, so it is not run again).
+        await _settle(executor, spent)
         raise
     except Exception as exc:
         # The conversation as last saved is kept: a failed run can be looked at, or retried.
         failure = f"{type(exc).__name__}: {exc}"
-        return await runs.save_run(run, status="failed", messages=run.messages, error=failure)
+        return await _save(
+            runs, run, lease, spent=spent, status="failed", messages=run.messages, error=failure
+        )
     cut_off = f"stopped after {max_turns} model turns" if result.finish == "max_turns" else None
-    # The calls this step ran are spent: their results live only in `result` until saved, so
-    # the save is tried again while this worker's claim holds (nobody else may save before
-    # it runs out; after, the version check refuses a late save with `RunConflict`).
+    return await _save(
+        runs,
+        run,
+        lease,
+        spent=spent,
+        status=_OUTCOMES[result.finish],
+        messages=result.messages,
+        final_text=result.final_text,
+        error=cut_off,
+    )
+
+
+async def _save(
+    runs: RunStore,
+    run: RunRecord,
+    lease: float,
+    *,
+    spent: list[Spent],
+    status: RunStatus,
+    messages: Sequence[Message],
+    final_text: str | None = None,
+    error: str | None = None,
+) -> RunRecord:
+    """Save the step, with the approvals it spent. The calls this step ran are spent: their
+    results live only in `messages` until saved, so the save is tried again while this
+    worker's claim holds (nobody else may save before it runs out; after, the version check
+    refuses a late save with `RunConflict`, and the approvals are recorded all the same)."""
     held = (run.lease_until - utc_now()).total_seconds() if run.lease_until else 0.0
     return await until_written(
         lambda: runs.save_run(
             run,
-            status=_OUTCOMES[result.finish],
-            messages=result.messages,
-            final_text=result.final_text,
-            error=cut_off,
+            status=status,
+            messages=messages,
+            final_text=final_text,
+            error=error,
+            spent=spent,
         ),
         what=f"saving run {run.run_id}",
         within=max(held, lease / 2),
     )
+
+
+async def _settle(executor: Executor, spent: list[Spent]) -> None:
+    """Record the approvals a step spent when the step itself is not saved."""
+    if spent and isinstance(executor.approval, DeferredApproval):
+        await executor.approval.settle_spent(spent)

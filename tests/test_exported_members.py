@@ -63,6 +63,7 @@ EXPECTED = {
     "MemoryRunStore",
     "NewDelivery",
     "advance_run",
+    "Spent",
     "SqlApprovalStore",
     "StoreError",
     "StoreSchemaError",

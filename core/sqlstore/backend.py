@@ -259,11 +259,18 @@ class Act:
         text = self.decided().text(digest)
         return EventValues("decided", self.decision.decided_by, self.channel, text, self.person)
 
+    def voted(self) -> DigestBound:
+        """The detail of this vote's `voted` event, but for the digest."""
+        return digest_bound(decision_detail(self.decision, digest="", evidence=self.evidence))
+
     def voted_event(self, digest: str) -> EventValues:
         """The `voted` event of this vote."""
-        fields = decision_detail(self.decision, digest=digest, evidence=self.evidence)
         actor = self.decision.decided_by or ""
-        return EventValues("voted", actor, self.channel, canonical_json(fields), self.person)
+        return EventValues("voted", actor, self.channel, self.voted().text(digest), self.person)
+
+    # A vote on a review that needs one approval decides it as `decide` would: the decision
+    # is the vote's (`tally`), its `decided` event `decided_event`'s (`decided_person` names
+    # the voter). The backends write it so, without reading the votes (there are none).
 
     def count(self, earlier: Sequence[str], voters: Sequence[str], row: Row) -> Counted | None:
         """The decision this vote and the `earlier` votes (Decisions as JSON) make on the
@@ -420,9 +427,12 @@ class Backend(Protocol):
         """The run, or None."""
         ...
 
-    async def save_run(self, run_id: str, version: int, values: Row) -> Change:
+    async def save_run(
+        self, run_id: str, version: int, values: Row, spent: Sequence[tuple[str, str]] = ()
+    ) -> Change:
         """Set `values` (status, messages, final_text, error, updated_at), bump the version and
-        release the claim, if the run is still at `version`."""
+        release the claim, if the run is still at `version`; in the same transaction, and
+        either way, finish each approval of `spent` (approval id, outcome) as `finish` does."""
         ...
 
     async def renew_claim(

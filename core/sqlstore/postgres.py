@@ -9,7 +9,7 @@ take a second statement.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -173,6 +173,25 @@ WITH changed AS (
 )
 SELECT {COLUMNS} FROM changed"""
 
+# A vote on an undecided review that needs one approval decides it: one statement, with
+# its `voted` and `decided` events in that order (see Act), and no votes to read.
+_SOLE_VOTE = f"""
+WITH changed AS (
+    UPDATE approvals SET decision = $2, status = $3, decided_at = $4
+    WHERE approval_id = $1 AND decision IS NULL AND approvals_required = 1
+    RETURNING {COLUMNS}
+), logged AS (
+    {_EVENTS}
+    SELECT approval_id, 'voted', $4::timestamptz, $5::text, $6::text,
+           $7::text || digest || $8::text, $9::text
+    FROM changed
+    UNION ALL
+    SELECT approval_id, 'decided', $4::timestamptz, $10::text, $6::text,
+           $11::text || digest || $12::text, $9::text
+    FROM changed
+), {_COUNT_DECIDED}
+SELECT {COLUMNS} FROM changed {_NOTIFY}"""
+
 # A refusal: the record as it is, and a `refused` event whose detail depends on its state.
 _REFUSE = f"""
 WITH existing AS ({_SELECT_ONE}), logged AS (
@@ -237,6 +256,21 @@ UPDATE runs SET status = $3, messages = $4, final_text = $5, error = $6, updated
     version = version + 1, claimed_by = NULL, lease_until = NULL
 WHERE run_id = $1 AND version = $2
 RETURNING {RUN_COLUMNS}"""
+# The same, with the approvals the run's step spent finished first (each by its key, the
+# arrays' n-th elements together), whether or not the run is still at the version saved.
+_SAVE_RUN_SPENT = f"""
+WITH finished AS (
+    UPDATE approvals
+    SET finished_at = $7, outcome = ($9::text[])[array_position($8::text[], approval_id)]
+    WHERE approval_id = ANY ($8::text[]) AND consumed_at IS NOT NULL AND finished_at IS NULL
+    RETURNING approval_id
+), logged AS (
+    {_EVENTS}
+    SELECT approval_id, 'finished', $7::timestamptz, NULL, 'executor',
+           ($10::text[])[array_position($8::text[], approval_id)], NULL
+    FROM finished
+)
+{_SAVE_RUN.strip()}"""
 _RENEW_CLAIM = f"""
 UPDATE runs SET version = version + 1, updated_at = $3, lease_until = $4
 WHERE run_id = $1 AND version = $2 AND lease_until > $3
@@ -451,6 +485,15 @@ class PostgresBackend:
                 event.person,
             )  # fmt: skip
 
+        voted, decided = act.voted(), act.decided()
+        sole = await self._one(
+            _SOLE_VOTE,
+            *(approval_id, ballot, act.status, at, actor, act.channel),
+            *(voted.before, voted.after, act.person),
+            *(act.decision.decided_by, decided.before, decided.after),
+        )
+        if sole is not None:
+            return VoteResult("decided", sole)
         async with self._pool.acquire() as connection, connection.transaction():
             # The row lock makes voters of one approval take turns: each sees the votes before.
             row = _row(await connection.fetchrow(f"{_SELECT_ONE} FOR UPDATE", approval_id))
@@ -535,9 +578,10 @@ class PostgresBackend:
     async def get_run(self, run_id: str) -> Row | None:
         return await self._one(_SELECT_RUN, run_id)
 
-    async def save_run(self, run_id: str, version: int, values: Row) -> Change:
-        changed = await self._one(
-            _SAVE_RUN,
+    async def save_run(
+        self, run_id: str, version: int, values: Row, spent: Sequence[tuple[str, str]] = ()
+    ) -> Change:
+        arguments: list[Any] = [
             run_id,
             version,
             values["status"],
@@ -545,7 +589,13 @@ class PostgresBackend:
             values["final_text"],
             values["error"],
             values["updated_at"],
-        )
+        ]
+        query = _SAVE_RUN
+        if spent:
+            query = _SAVE_RUN_SPENT
+            ids, outcomes = [each[0] for each in spent], [each[1] for each in spent]
+            arguments += [ids, outcomes, [detail("outcome", outcome) for outcome in outcomes]]
+        changed = await self._one(query, *arguments)
         return Change(changed, None) if changed else Change(None, await self.get_run(run_id))
 
     async def renew_claim(

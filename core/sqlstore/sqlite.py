@@ -101,8 +101,18 @@ _CONSUME = (
     f"UPDATE approvals SET {_CONSUME_SET} WHERE approval_id = ? AND {_CONSUME_WHERE} "
     f"RETURNING {COLUMNS}"
 )
+_FINISH_SET = "finished_at = ?, outcome = ?"
+_FINISH_WHERE = "consumed_at IS NOT NULL AND finished_at IS NULL"
+_FINISH = (
+    f"UPDATE approvals SET {_FINISH_SET} WHERE approval_id = ? AND {_FINISH_WHERE} RETURNING 1"
+)
 _COUNTS = "SELECT status, count(*) FROM approvals GROUP BY status"
 _VOTES = "SELECT voter, decision FROM votes WHERE approval_id = ? ORDER BY seq"
+# A vote on an undecided review that needs one approval decides it: no votes to read.
+_SOLE_VOTE = (
+    "UPDATE approvals SET decision = ?, status = ?, decided_at = ? "
+    f"WHERE approval_id = ? AND decision IS NULL AND approvals_required = 1 RETURNING {COLUMNS}"
+)
 _INSERT_VOTE = "INSERT INTO votes (approval_id, voter, decision, at) VALUES (?, ?, ?, ?)"
 _EXPIRE = (
     "UPDATE approvals SET decision = CASE WHEN on_timeout = 'approve' THEN ? ELSE ? END, "
@@ -260,6 +270,10 @@ NO_LINK: Link = (0, None)
 
 def _created_event(row: Row) -> EventValues:
     return EventValues("created", row["requested_by"], None, "{}")
+
+
+def _finished_event(outcome: str) -> EventValues:
+    return EventValues("finished", None, "executor", detail("outcome", outcome))
 
 
 def _is_busy(error: sqlite3.OperationalError) -> bool:
@@ -469,6 +483,13 @@ class SqliteBackend:
         actor = act.decision.decided_by or ""
 
         def work(db: sqlite3.Connection) -> VoteResult:
+            sole = _row(db.execute(_SOLE_VOTE, (ballot, act.status, now, approval_id)).fetchone())
+            if sole is not None:  # it needed one approval: this vote decided it (see Act)
+                link = self._append(db, approval_id, at, act.voted_event(sole["digest"]))
+                decided = act.decided_event(sole["digest"])
+                self._append(db, approval_id, at, decided, after=link)
+                db.execute(_COUNT_PENDING, (-1, sole["run_id"]))
+                return VoteResult("decided", sole)
             row = _row(db.execute(_SELECT_ONE, (approval_id,)).fetchone())
             if row is None:
                 return VoteResult("missing", None)
@@ -513,10 +534,10 @@ class SqliteBackend:
     async def finish(self, approval_id: str, at: datetime, outcome: str) -> Change:
         return await self._update(
             approval_id,
-            "finished_at = ?, outcome = ?",
-            "consumed_at IS NOT NULL AND finished_at IS NULL",
+            _FINISH_SET,
+            _FINISH_WHERE,
             (_text(at), outcome),
-            lambda row: [EventValues("finished", None, "executor", detail("outcome", outcome))],
+            lambda row: [_finished_event(outcome)],
             lambda row: None,
             at,
         )
@@ -602,17 +623,27 @@ class SqliteBackend:
     async def get_run(self, run_id: str) -> Row | None:
         return _run_row(await self._patiently(lambda: self._fetch_run(self._db, run_id)))
 
-    async def save_run(self, run_id: str, version: int, values: Row) -> Change:
+    async def save_run(
+        self, run_id: str, version: int, values: Row, spent: Sequence[tuple[str, str]] = ()
+    ) -> Change:
+        at = values["updated_at"]
         parameters = (
             values["status"],
             values["messages"],
             values["final_text"],
             values["error"],
-            _text(values["updated_at"]),
+            _text(at),
             run_id,
             version,
         )
-        return await self._run_change(_SAVE_RUN, parameters, run_id)
+
+        def finish(db: sqlite3.Connection) -> None:
+            for approval_id, outcome in spent:
+                finished = db.execute(_FINISH, (_text(at), outcome, approval_id)).fetchone()
+                if finished is not None:  # else: finished already, nothing to record
+                    self._append(db, approval_id, at, _finished_event(outcome))
+
+        return await self._run_change(_SAVE_RUN, parameters, run_id, before=finish)
 
     async def renew_claim(
         self, run_id: str, version: int, at: datetime, lease_until: datetime
@@ -630,8 +661,17 @@ class SqliteBackend:
 
         return [_run_row(tuple(found)[1:]) or {} for found in await self._transaction(work)]
 
-    async def _run_change(self, query: str, parameters: tuple[Any, ...], run_id: str) -> Change:
+    async def _run_change(
+        self,
+        query: str,
+        parameters: tuple[Any, ...],
+        run_id: str,
+        *,
+        before: Callable[[sqlite3.Connection], None] | None = None,
+    ) -> Change:
         def work(db: sqlite3.Connection) -> Change:
+            if before is not None:
+                before(db)
             changed = _run_row(db.execute(query, parameters).fetchone())
             if changed is not None:
                 return Change(changed, None)

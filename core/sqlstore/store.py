@@ -39,6 +39,7 @@ from nodbot.core.errors import (
 )
 from nodbot.core.loop import Message
 from nodbot.core.outbox import Announcement, Delivery, NewDelivery, Stage
+from nodbot.core.ports import Spent
 from nodbot.core.runs import DEFAULT_LEASE, RunRecord, RunStatus
 from nodbot.core.sqlstore.backend import STAGES, Act, Backend, Change, EventValues, Row
 from nodbot.core.sqlstore.engine import (
@@ -359,6 +360,7 @@ class SqlApprovalStore:
         messages: Sequence[Message],
         final_text: str | None = None,
         error: str | None = None,
+        spent: Sequence[Spent] = (),
     ) -> RunRecord:
         backend = await self._ready()
         values = {
@@ -368,8 +370,9 @@ class SqlApprovalStore:
             "error": error,
             "updated_at": self._clock(),
         }
+        finished = [(each.approval_id, each.outcome) for each in spent]
         with self._errors():
-            change = await backend.save_run(run.run_id, run.version, values)
+            change = await backend.save_run(run.run_id, run.version, values, finished)
         return _run(_changed_run(change, run))
 
     async def renew_claim(self, run: RunRecord, *, lease: float = DEFAULT_LEASE) -> RunRecord:

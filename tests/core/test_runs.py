@@ -6,7 +6,7 @@ import asyncio
 import contextlib
 import logging
 import sqlite3
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import TypeAlias
@@ -16,6 +16,7 @@ from pydantic import TypeAdapter
 
 from nodbot.core import (
     Agent,
+    ApprovalRecord,
     ApprovalStore,
     ChatResponse,
     DeferredApproval,
@@ -31,9 +32,12 @@ from nodbot.core import (
     ScriptedChat,
     SqlApprovalStore,
     ToolCall,
+    ToolMessage,
     ToolRegistry,
+    ToolSpec,
     advance_run,
 )
+from nodbot.core.runs import DEFAULT_LEASE
 from tests.core.store.conftest import BACKENDS, database_url
 from tests.support import eventually
 
@@ -173,6 +177,75 @@ async def test_a_claim_is_exclusive_until_its_lease_runs_out(make_bot: MakeBot) 
     assert bot.refunds == []  # w2 came back too late: it ran nothing
     done = await advance_run(taken_over, agent=bot.agent, executor=bot.executor, runs=bot.runs)
     assert done.status == "finished"
+    assert bot.refunds == [120.0]
+
+
+class Watching:
+    """A chat model that asks for a refund, then, on the turn after it ran, looks at the
+    store's record of its review (`seen`) and answers; `then` runs at that moment too."""
+
+    def __init__(self, approvals: ApprovalStore, then: Callable[[], Awaitable[None]]) -> None:
+        self.approvals, self.then = approvals, then
+        self.seen: list[ApprovalRecord] = []
+
+    async def respond(self, messages: Sequence[Message], tools: Sequence[ToolSpec]) -> ChatResponse:
+        if not any(isinstance(message, ToolMessage) for message in messages):
+            return refund_turn("call_1")
+        [record] = await self.approvals.list(run_id="run_1")
+        self.seen.append(record)
+        await self.then()
+        return ChatResponse(content="The refund is done.")
+
+
+async def nothing() -> None:
+    return None
+
+
+async def test_a_review_is_finished_by_the_save_of_the_step_that_ran_its_call(
+    make_bot: MakeBot,
+) -> None:
+    """The step's save records the review finished, in its transaction: while the step goes
+    on after the tool ran, the review is spent (no second call may take it) but not yet
+    finished; once saved, it is finished with the call's outcome, and the run holds the
+    result."""
+    bot = await make_bot()
+    chat = Watching(bot.approvals, nothing)
+    bot.agent = Agent(chat, bot.agent.tools)
+    await bot.start()
+    [approval_id] = await bot.pending_ids()
+    await bot.executor.decide(approval_id, True, decided_by="ana")
+    [finished] = await bot.resume_ready()
+    [during] = chat.seen
+    assert (during.consumed, during.finished) == (True, False)
+    record = await bot.approvals.get(approval_id)
+    assert (record.finished, record.outcome) == (True, "ok")
+    assert finished.status == "finished" and bot.refunds == [120.0]
+    assert any(isinstance(m, ToolMessage) and m.status == "ok" for m in finished.messages)
+    kinds = [event.kind for event in await bot.approvals.events(approval_id)]
+    assert kinds == ["created", "voted", "decided", "consumed", "finished"]
+
+
+async def test_a_step_taken_over_after_its_call_ran_still_finishes_the_review(
+    make_bot: MakeBot,
+) -> None:
+    """The worker's lease runs out after the tool ran and another worker claims the run: the
+    late save is refused (`RunConflict`), but the review it spent is recorded finished all
+    the same, so the worker that took over is refused the decision, not handed it again."""
+    bot = await make_bot()
+
+    async def taken_over() -> None:
+        bot.clock.advance(DEFAULT_LEASE + 1)  # past the lease advance_run renewed
+        [_] = await bot.runs.claim_ready(worker="w3")
+
+    bot.agent = Agent(Watching(bot.approvals, taken_over), bot.agent.tools)
+    await bot.start()
+    [approval_id] = await bot.pending_ids()
+    await bot.executor.decide(approval_id, True, decided_by="ana")
+    [claimed] = await bot.runs.claim_ready(worker="w2", lease=60)
+    with pytest.raises(RunConflict):
+        await advance_run(claimed, agent=bot.agent, executor=bot.executor, runs=bot.runs)
+    record = await bot.approvals.get(approval_id)
+    assert (record.finished, record.outcome) == (True, "ok")
     assert bot.refunds == [120.0]
 
 

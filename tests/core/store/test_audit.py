@@ -20,6 +20,7 @@ from sqlalchemy import Connection
 from nodbot.core import (
     ApprovalAlreadyDecided,
     ApprovalAlreadyVoted,
+    ApprovalRecord,
     ApprovalRequest,
     ApprovalStore,
     Decision,
@@ -306,6 +307,26 @@ async def test_concurrent_writers_of_one_review_keep_one_chain(url: str) -> None
     async with Database(url) as db:
         chain = await db.events(approval_id)
     assert [n for _, n, _, _ in chain] == list(range(1, 62))
+
+
+async def test_concurrent_votes_on_a_review_of_one_approval_decide_it_once(url: str) -> None:
+    """A vote on a review that needs one approval decides it in one statement: of votes
+    racing from two stores, one decides, the others are refused, and the chain holds."""
+    async with SqlApprovalStore(url) as one, SqlApprovalStore(url) as other:
+        approval_id = (await one.create(ask("c1"))).approval_id
+        ballots = [
+            store.vote(approval_id, Decision(approved=True, decided_by=f"v{i}"), channel="api")
+            for i, store in enumerate([one, other] * 5)
+        ]
+        outcomes = await asyncio.gather(*ballots, return_exceptions=True)
+        record = await one.get(approval_id)
+        kinds = [event.kind for event in await one.events(approval_id)]
+    decided = [o for o in outcomes if isinstance(o, ApprovalRecord)]
+    assert len(decided) == 1
+    assert all(isinstance(o, ApprovalAlreadyDecided) for o in outcomes if o is not decided[0])
+    assert record.decision == decided[0].decision
+    assert kinds == ["created", "voted", "decided", *["refused"] * 9]
+    assert (await verify(url)).ok
 
 
 async def test_a_vote_taken_back_leaves_no_link_behind(url: str) -> None:
