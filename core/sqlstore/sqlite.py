@@ -152,12 +152,15 @@ _RENEW_CLAIM = (
 # Waiting runs none of whose reviews is pending, and running ones whose lease ran out: the
 # first condition is the runs_claimable index's own (the runs it holds), the second leaves
 # out the running runs whose lease has not run out.
-_CLAIM_READY = (
-    "UPDATE runs SET status = 'running', version = version + 1, updated_at = ?, "
-    "claimed_by = ?, lease_until = ? WHERE seq IN ("
+_READY = (
     "  SELECT seq FROM runs INDEXED BY runs_claimable"
     "  WHERE (status = 'running' OR (status = 'waiting' AND pending = 0))"
     "  AND (status = 'waiting' OR lease_until <= ?)"
+)
+_ANY_READY = f"{_READY} LIMIT 1"
+_CLAIM_READY = (
+    "UPDATE runs SET status = 'running', version = version + 1, updated_at = ?, "
+    f"claimed_by = ?, lease_until = ? WHERE seq IN ({_READY}"
     "  ORDER BY seq LIMIT ?"
     f") RETURNING seq, {RUN_COLUMNS}"
 )
@@ -215,10 +218,14 @@ _INSERT_DELIVERY = (
     "VALUES (?, ?, ?, 'due', 0, ?, ?) ON CONFLICT (approval_id, kind, target) DO NOTHING "
     f"RETURNING {DELIVERY_COLUMNS}"
 )
-_CLAIM_DELIVERIES = (
-    "UPDATE deliveries SET claimed_by = ?, lease_until = ? WHERE seq IN ("
+_DUE = (
     "  SELECT seq FROM deliveries WHERE status = 'due' AND due_at <= ?"
-    "  AND (lease_until IS NULL OR lease_until <= ?) ORDER BY due_at, seq LIMIT ?"
+    "  AND (lease_until IS NULL OR lease_until <= ?)"
+)
+_ANY_DELIVERY = f"{_DUE} LIMIT 1"
+_CLAIM_DELIVERIES = (
+    f"UPDATE deliveries SET claimed_by = ?, lease_until = ? WHERE seq IN ({_DUE}"
+    "  ORDER BY due_at, seq LIMIT ?"
     f") RETURNING {DELIVERY_COLUMNS}"
 )
 _SETTLE_DELIVERY = (
@@ -655,6 +662,10 @@ class SqliteBackend:
         self, worker: str, at: datetime, lease_until: datetime, limit: int
     ) -> list[Row]:
         parameters = (_text(at), worker, _text(lease_until), _text(at), limit)
+        # Asked at every step of the runs' lane: a read first, so that nothing ready costs no
+        # write transaction.
+        if not await self._fetch_all(_ANY_READY, (_text(at),)):
+            return []
 
         def work(db: sqlite3.Connection) -> list[Sequence[Any]]:
             return sorted(db.execute(_CLAIM_READY, parameters).fetchall(), key=lambda r: r[0])
@@ -716,6 +727,10 @@ class SqliteBackend:
     ) -> list[Row]:
         now = _text(at)
         parameters = (worker, _text(lease_until), now, now, limit)
+        # Every step of the outbox asks until nothing is left: a read first, so that the last
+        # ask costs no write transaction.
+        if not await self._fetch_all(_ANY_DELIVERY, (now, now)):
+            return []
 
         def work(db: sqlite3.Connection) -> list[Row]:
             found = db.execute(_CLAIM_DELIVERIES, parameters).fetchall()

@@ -4,6 +4,7 @@ delivery once per target, retry what failed, and let only the claimant settle a 
 from __future__ import annotations
 
 import asyncio
+import sqlite3
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -17,6 +18,7 @@ from nodbot.core import (
     NewDelivery,
     Outbox,
     SqlApprovalStore,
+    StoreUnavailableError,
     arguments_digest,
 )
 from tests.core.store.conftest import database_url
@@ -243,3 +245,26 @@ async def test_a_claimed_deliverys_progress_is_kept_without_settling_it(
         failing.delivery_id, worker="w1", error="HTTP 410", retry_at=None
     )
     assert (gone.status, gone.ref) == ("failed", {"step": 1})
+
+
+async def test_asking_for_work_when_there_is_none_takes_no_write_lock(tmp_path: Path) -> None:
+    """The workers ask for ready runs and due deliveries at every step, most often finding
+    none: on SQLite a read answers that, so another process holding the write lock (a CLI
+    command's decision, a replica) does not make them wait, nor fail once `lock_timeout`
+    runs out."""
+    path = tmp_path / "nodbot.db"
+    async with SqlApprovalStore(f"sqlite:///{path}", lock_timeout=0.05) as store:
+        record = await store.create(request("call_1"))
+        await store.announce(record.approval_id, "request", [NewDelivery("request", "webhook:a")])
+        [claimed] = await store.claim_deliveries(worker="w1")
+        await store.delivered(claimed.delivery_id, worker="w1")
+        holder = sqlite3.connect(path, isolation_level=None)
+        holder.execute("BEGIN IMMEDIATE")
+        try:
+            assert await store.claim_deliveries(worker="w1") == []
+            assert await store.claim_ready(worker="w1") == []
+            with pytest.raises(StoreUnavailableError):  # a write still waits, and says so
+                await store.announce(record.approval_id, "outcome", [])
+        finally:
+            holder.execute("ROLLBACK")
+            holder.close()
