@@ -204,7 +204,9 @@ class BotService:
             self._poke()  # its calls may wait for review now: announce them
             return run
         chosen = self.agent(agent)
-        run = await self.store.create_run(
+        # A draft: the run, the reviews its first step opens and the step's save are written
+        # in one transaction (with a SQL store), by the save.
+        run = await self.store.draft_run(
             agent=agent,
             messages=chosen.first_messages(text),
             worker=self.worker,
@@ -213,7 +215,13 @@ class BotService:
             started_by=started_by,
         )
         self.counters["runs_started"] += 1
-        run = await self._advance(run)
+        try:
+            run = await self._advance(run)
+        except StoreError:
+            raise  # the draft is kept: the step is tried again (`_again`), which writes it
+        except BaseException:
+            self.store.forget_draft(run.run_id)  # never saved, so never written
+            raise
         self._poke()  # its calls may wait for review now: announce them
         return run
 

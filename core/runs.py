@@ -97,6 +97,26 @@ class RunStore(Protocol):
         `requested_by`, and `started_by` another (a front end starting runs for its users)."""
         ...
 
+    async def draft_run(
+        self,
+        *,
+        agent: str,
+        messages: Sequence[Message],
+        worker: str,
+        requested_by: str | None = None,
+        lease: float = DEFAULT_LEASE,
+        started_by: str | None = None,
+    ) -> RunRecord:
+        """A new run with a new id, as `create_run` makes it, that the store may keep to
+        itself until its first `save_run`, and write then in one transaction with the
+        reviews its first step opened (`SqlApprovalStore`; the memory store writes it at
+        once). A draft that will not be saved is dropped with `forget_draft`."""
+        ...
+
+    def forget_draft(self, run_id: str) -> None:
+        """Drop the draft of `run_id`, if the store kept one unwritten."""
+        ...
+
     async def get_run(self, run_id: str) -> RunRecord:
         """The run. Raises `RunNotFound`."""
         ...
@@ -175,6 +195,28 @@ class MemoryRunStore:
                 )
             self._runs[run.run_id] = run
         return run
+
+    async def draft_run(
+        self,
+        *,
+        agent: str,
+        messages: Sequence[Message],
+        worker: str,
+        requested_by: str | None = None,
+        lease: float = DEFAULT_LEASE,
+        started_by: str | None = None,
+    ) -> RunRecord:
+        return await self.create_run(
+            agent=agent,
+            messages=messages,
+            worker=worker,
+            requested_by=requested_by,
+            lease=lease,
+            started_by=started_by,
+        )
+
+    def forget_draft(self, run_id: str) -> None:
+        return None  # written at once: nothing to drop
 
     async def get_run(self, run_id: str) -> RunRecord:
         with self._lock:

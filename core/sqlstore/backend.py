@@ -419,8 +419,10 @@ class Backend(Protocol):
         `decisions[on_timeout]` (a Decision as JSON), and log their `decided` events."""
         ...
 
-    async def create_run(self, row: Row) -> Row | None:
-        """Insert a run; None when a run with its id exists."""
+    async def insert_run(self, row: Row, reviews: Sequence[Row] = ()) -> Row | None:
+        """Insert a run, and the new rows of its pending `reviews` as `create` would (each
+        with its `created` event, at its `created_at`, and counted in the run's `pending`),
+        in one transaction; None, and nothing written, when a run with its id exists."""
         ...
 
     async def get_run(self, run_id: str) -> Row | None:

@@ -250,6 +250,30 @@ VALUES ({", ".join(f"${i}" for i in range(1, len(RUN_COLUMN_NAMES) + 1))}, (
     AND status = 'pending'))
 ON CONFLICT (run_id) DO NOTHING
 RETURNING {RUN_COLUMNS}"""
+# A run and the reviews its first step opened, in one statement: the reviews' values are
+# arrays, one per column of `_NEW_NAMES` (the n-th elements of each make a review), after the
+# run's own values; every review is pending, so they are the run's pending count.
+_NEW_NAMES = tuple(name.strip() for name in _NEW_COLUMNS.split(","))
+_NEW_TYPES = {"created_at": "timestamptz", "deadline": "timestamptz", "approvals_required": "int"}
+_RUN_PARAMETERS = ", ".join(f"${i}" for i in range(1, len(RUN_COLUMN_NAMES) + 1))
+_REVIEW_ARRAYS = ", ".join(
+    f"${len(RUN_COLUMN_NAMES) + 1 + i}::{_NEW_TYPES.get(name, 'text')}[]"
+    for i, name in enumerate(_NEW_NAMES)
+)
+_INSERT_RUN_REVIEWED = f"""
+WITH run AS (
+    INSERT INTO runs ({RUN_COLUMNS}, pending)
+    VALUES ({_RUN_PARAMETERS}, cardinality(${len(RUN_COLUMN_NAMES) + 1}::text[]))
+    RETURNING {RUN_COLUMNS}
+), inserted AS (
+    INSERT INTO approvals ({_NEW_COLUMNS})
+    SELECT * FROM unnest({_REVIEW_ARRAYS})
+    RETURNING approval_id, requested_by, created_at
+), logged AS (
+    {_EVENTS}
+    SELECT approval_id, 'created', created_at, requested_by, NULL, '{{}}', NULL FROM inserted
+)
+SELECT {RUN_COLUMNS} FROM run"""
 _SELECT_RUN = f"SELECT {RUN_COLUMNS} FROM runs WHERE run_id = $1"
 _SAVE_RUN = f"""
 UPDATE runs SET status = $3, messages = $4, final_text = $5, error = $6, updated_at = $7,
@@ -571,9 +595,17 @@ class PostgresBackend:
         )
         return [dict(record) for record in records]
 
-    async def create_run(self, row: Row) -> Row | None:
-        values = (row.get(name) for name in RUN_COLUMN_NAMES)
-        return await self._one(_INSERT_RUN, *values, row["run_id"])
+    async def insert_run(self, row: Row, reviews: Sequence[Row] = ()) -> Row | None:
+        values = [row.get(name) for name in RUN_COLUMN_NAMES]
+        if not reviews:
+            return await self._one(_INSERT_RUN, *values, row["run_id"])
+        columns = [[review[name] for review in reviews] for name in _NEW_NAMES]
+        try:
+            return await self._one(_INSERT_RUN_REVIEWED, *values, *columns)
+        except asyncpg.UniqueViolationError as exc:
+            if exc.constraint_name != "runs_run_id_key":
+                raise
+            return None  # a run with this id exists
 
     async def get_run(self, run_id: str) -> Row | None:
         return await self._one(_SELECT_RUN, run_id)

@@ -616,14 +616,17 @@ class SqliteBackend:
 
         return await self._transaction(work)
 
-    async def create_run(self, row: Row) -> Row | None:
+    async def insert_run(self, row: Row, reviews: Sequence[Row] = ()) -> Row | None:
         values = (*_run_values(row), row["run_id"])
 
         def work(db: sqlite3.Connection) -> Row | None:
             try:
-                return _run_row(db.execute(_INSERT_RUN, values).fetchone())
+                inserted = _run_row(db.execute(_INSERT_RUN, values).fetchone())
             except sqlite3.IntegrityError:
                 return None  # a run with this id exists
+            for review in reviews:  # each counts itself in the run's pending
+                self._insert(db, review, review["created_at"])
+            return inserted
 
         return await self._transaction(work)
 

@@ -42,6 +42,7 @@ from nodbot.core.outbox import Announcement, Delivery, NewDelivery, Stage
 from nodbot.core.ports import Spent
 from nodbot.core.runs import DEFAULT_LEASE, RunRecord, RunStatus
 from nodbot.core.sqlstore.backend import STAGES, Act, Backend, Change, EventValues, Row
+from nodbot.core.sqlstore.drafts import Draft, Drafts
 from nodbot.core.sqlstore.engine import (
     normalize_url,
     open_engine,
@@ -119,6 +120,7 @@ class SqlApprovalStore:
         self._audit_key = audit_key or None
         self._backend: Backend | None = None
         self._opening = asyncio.Lock()
+        self._drafts = Drafts()
         self.sessions = SqlSessionRevocations(self.url, ready=self.open, clock=clock)
         """The web inbox's ended sessions, in this database (`core.sqlstore.sessions`)."""
         self.remembered = SqlRememberedApprovals(self.url, ready=self.open, clock=clock)
@@ -153,6 +155,7 @@ class SqlApprovalStore:
         await self.close()
 
     async def create(self, request: ApprovalRequest) -> ApprovalRecord:
+        await self._undraft(run_id=request.run_id)
         backend = await self._ready()
         now = self._clock()
         with self._errors():
@@ -161,11 +164,16 @@ class SqlApprovalStore:
     async def claim(self, request: ApprovalRequest, *, actor: str | None = None) -> Claim:
         backend = await self._ready()
         now = self._clock()
+        draft = self._drafts.get(request.run_id) if self._drafts else None
+        if draft is not None:  # kept until the run's first save (see drafts.py)
+            step, row = self._drafts.claim(draft, request, _pending_row(request, now))
+            return Claim(_record(row), step)
         with self._errors():
             claimed = await backend.claim(request, lambda: _new_row(request, now), now, actor)
         return Claim(_record(claimed.row), claimed.outcome)
 
     async def get(self, approval_id: str) -> ApprovalRecord:
+        await self._undraft(approval_id=approval_id)
         backend = await self._ready()
         with self._errors():
             row = await backend.get(approval_id)
@@ -174,6 +182,7 @@ class SqlApprovalStore:
         return _record(row)
 
     async def find(self, run_id: str, call_id: str) -> ApprovalRecord | None:
+        await self._undraft(run_id=run_id)
         backend = await self._ready()
         with self._errors():
             row = await backend.find(run_id, call_id)
@@ -187,6 +196,7 @@ class SqlApprovalStore:
         limit: int | None = None,
         newest_first: bool = False,
     ) -> _Records:
+        await self._undraft(run_id=run_id)
         backend = await self._ready()
         with self._errors():
             rows = await backend.list_rows(run_id, status, limit, newest_first)
@@ -201,6 +211,7 @@ class SqlApprovalStore:
         person: str | None = None,
         evidence: Evidence | None = None,
     ) -> ApprovalRecord:
+        await self._undraft(approval_id=approval_id)
         backend = await self._ready()
         act = Act(decision, channel, person, evidence)
         with self._errors():
@@ -223,6 +234,7 @@ class SqlApprovalStore:
         person: str | None = None,
         evidence: Evidence | None = None,
     ) -> ApprovalRecord:
+        await self._undraft(approval_id=approval_id)
         backend = await self._ready()
         act = Act(decision, channel, person, evidence)
         with self._errors():
@@ -247,6 +259,7 @@ class SqlApprovalStore:
         person: str | None = None,
         evidence: Evidence | None = None,
     ) -> None:
+        await self._undraft(approval_id=approval_id)
         backend = await self._ready()
         detail = canonical_json(refusal_detail(reason, evidence))
         event = EventValues("refused", actor, channel, detail, person)
@@ -256,6 +269,7 @@ class SqlApprovalStore:
             raise ApprovalNotFound(approval_id=approval_id)
 
     async def consume(self, approval_id: str, *, actor: str | None = None) -> ApprovalRecord:
+        await self._undraft(approval_id=approval_id)
         backend = await self._ready()
         with self._errors():
             change = await backend.consume(approval_id, self._clock(), actor)
@@ -268,6 +282,7 @@ class SqlApprovalStore:
         raise ApprovalAlreadyConsumed(approval_id=approval_id)
 
     async def finish(self, approval_id: str, *, outcome: str) -> ApprovalRecord:
+        await self._undraft(approval_id=approval_id)
         backend = await self._ready()
         with self._errors():
             change = await backend.finish(approval_id, self._clock(), outcome)
@@ -283,6 +298,7 @@ class SqlApprovalStore:
         )
 
     async def events(self, approval_id: str | None = None) -> _Events:
+        await self._undraft(approval_id=approval_id)
         backend = await self._ready()
         with self._errors():
             rows = await backend.event_rows(approval_id)
@@ -317,11 +333,70 @@ class SqlApprovalStore:
         lease: float = DEFAULT_LEASE,
         started_by: str | None = None,
     ) -> RunRecord:
+        row = self._new_run(agent, messages, worker, requested_by, run_id, lease, started_by)
+        await self._undraft(run_id=row["run_id"])
         backend = await self._ready()
+        with self._errors():
+            created = await backend.insert_run(row)
+            if created is None:
+                existing = await backend.get_run(row["run_id"])
+        if created is None:
+            found = existing["version"] if existing else 0
+            raise RunConflict(
+                run_id=row["run_id"], expected=0, found=found, reason="a run with this id exists"
+            )
+        return _run(created)
+
+    async def draft_run(
+        self,
+        *,
+        agent: str,
+        messages: Sequence[Message],
+        worker: str,
+        requested_by: str | None = None,
+        lease: float = DEFAULT_LEASE,
+        started_by: str | None = None,
+    ) -> RunRecord:
+        """A new run, as `create_run` makes it, kept in this process until its first
+        `save_run`: that writes it, the reviews its first step opened and the save in one
+        transaction. Until then no other process sees it, nor its reviews; an operation of
+        this one that names the run or one of those reviews writes the draft first
+        (`core.sqlstore.drafts`). Its id is new, so nobody else can know it meanwhile."""
+        await self._ready()  # the schema is checked now, as create_run would
+        row = self._new_run(agent, messages, worker, requested_by, None, lease, started_by)
+        self._drafts.add(row)
+        return RunRecord(
+            run_id=row["run_id"],
+            agent=agent,
+            status="running",
+            messages=list(messages),
+            version=1,
+            created_at=row["created_at"],
+            updated_at=row["updated_at"],
+            requested_by=requested_by,
+            claimed_by=worker,
+            lease_until=row["lease_until"],
+            started_by=started_by,
+        )
+
+    def forget_draft(self, run_id: str) -> None:
+        """Drop the draft of a run that will not be saved (its start was cancelled): it was
+        never written, nor were its reviews."""
+        self._drafts.forget(run_id)
+
+    def _new_run(
+        self,
+        agent: str,
+        messages: Sequence[Message],
+        worker: str,
+        requested_by: str | None,
+        run_id: str | None,
+        lease: float,
+        started_by: str | None,
+    ) -> Row:
         now = self._clock()
-        new_run_id = run_id or new_id("run_")
-        row: Row = {
-            "run_id": new_run_id,
+        return {
+            "run_id": run_id or new_id("run_"),
             "agent": agent,
             "status": "running",
             "messages": _MESSAGES.dump_json(list(messages)).decode(),
@@ -333,18 +408,30 @@ class SqlApprovalStore:
             "lease_until": now + timedelta(seconds=lease),
             "started_by": started_by,
         }
+
+    async def _undraft(self, *, run_id: str | None = None, approval_id: str | None = None) -> None:
+        """Write the draft an operation names, by its run or one of its reviews (if any)."""
+        if not self._drafts:
+            return
+        if run_id is None and approval_id is not None:
+            run_id = self._drafts.run_of(approval_id)
+        if run_id is not None:
+            await self._drafts.write(run_id, self._write_draft)
+
+    async def _write_draft(self, draft: Draft, row: Row | None = None) -> Row:
+        """Write a draft: its run as `row` has it (as drafted, by default) and its reviews."""
+        backend = await self._ready()
         with self._errors():
-            created = await backend.create_run(row)
-            if created is None:
-                existing = await backend.get_run(new_run_id)
-        if created is None:
-            found = existing["version"] if existing else 0
+            written = await backend.insert_run(row or draft.run, draft.reviews)
+        if written is None:
+            run_id = draft.run["run_id"]
             raise RunConflict(
-                run_id=new_run_id, expected=0, found=found, reason="a run with this id exists"
+                run_id=run_id, expected=0, found=0, reason="a run with this id exists"
             )
-        return _run(created)
+        return written
 
     async def get_run(self, run_id: str) -> RunRecord:
+        await self._undraft(run_id=run_id)
         backend = await self._ready()
         with self._errors():
             row = await backend.get_run(run_id)
@@ -370,12 +457,28 @@ class SqlApprovalStore:
             "error": error,
             "updated_at": self._clock(),
         }
+        draft = self._drafts.get(run.run_id) if self._drafts and not spent else None
+        if draft is not None:  # its first save: the run and its reviews, written at once
+            if draft.run["version"] != run.version:
+                raise RunConflict(run_id=run.run_id, expected=run.version, found=1)
+            saved = {
+                **draft.run,
+                **values,
+                "version": run.version + 1,
+                "claimed_by": None,
+                "lease_until": None,
+            }
+            written = await self._drafts.write(run.run_id, lambda d: self._write_draft(d, saved))
+            if written is not None:
+                return _run(written)
+        await self._undraft(run_id=run.run_id)  # written meanwhile, or saved with spent ones
         finished = [(each.approval_id, each.outcome) for each in spent]
         with self._errors():
             change = await backend.save_run(run.run_id, run.version, values, finished)
         return _run(_changed_run(change, run))
 
     async def renew_claim(self, run: RunRecord, *, lease: float = DEFAULT_LEASE) -> RunRecord:
+        await self._undraft(run_id=run.run_id)
         backend = await self._ready()
         now = self._clock()
         with self._errors():
@@ -407,6 +510,7 @@ class SqlApprovalStore:
     async def announce(
         self, approval_id: str, stage: Stage | None, deliveries: Sequence[NewDelivery]
     ) -> _Deliveries:
+        await self._undraft(approval_id=approval_id)
         backend = await self._ready()
         wanted = [{"kind": d.kind, "target": d.target, "due_at": d.due_at} for d in deliveries]
         with self._errors():
@@ -447,6 +551,7 @@ class SqlApprovalStore:
         return _delivery(change.changed)
 
     async def deliveries(self, approval_id: str) -> _Deliveries:
+        await self._undraft(approval_id=approval_id)
         backend = await self._ready()
         with self._errors():
             rows = await backend.delivery_rows(approval_id)
@@ -593,6 +698,18 @@ def _new_row(request: ApprovalRequest, now: datetime) -> Row:
         "on_timeout": request.on_timeout,
         "policy": canonical_json(request.policy),
         "approvals_required": request.approvals_required,
+    }
+
+
+def _pending_row(request: ApprovalRequest, now: datetime) -> Row:
+    """The whole row of a new pending record, as the database would return it."""
+    return {
+        **_new_row(request, now),
+        "decision": None,
+        "decided_at": None,
+        "consumed_at": None,
+        "finished_at": None,
+        "outcome": None,
     }
 
 

@@ -1,0 +1,160 @@
+"""Drafts (`core/sqlstore/drafts.py`): a run the bot starts is written by its first save, with
+the reviews its first step opened, in one transaction. Until then nobody else sees it; an
+operation of this process that names it writes it first; a draft never saved leaves nothing."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from pathlib import Path
+
+import pytest
+
+from nodbot.core import (
+    Agent,
+    ApprovalRequest,
+    ChatResponse,
+    Decision,
+    DeferredApproval,
+    HumanMessage,
+    Message,
+    RunNotFound,
+    RunRecord,
+    SqlApprovalStore,
+    ToolCall,
+    ToolRegistry,
+    ToolSpec,
+    advance_run,
+    arguments_digest,
+)
+from nodbot.core.sqlstore.audit import verify
+from tests.core.store.conftest import database_url
+
+SQL_BACKENDS = ["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)]
+
+
+@pytest.fixture(params=SQL_BACKENDS)
+async def url(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[str]:
+    async with database_url(request.param, tmp_path) as found:
+        yield found
+
+
+def refund(call_id: str, amount: float) -> ToolCall:
+    return ToolCall(id=call_id, name="refund", arguments={"order_id": "A-1", "amount": amount})
+
+
+class Chat:
+    """Two refunds that need review and a lookup that needs none, in one turn."""
+
+    async def respond(self, messages: Sequence[Message], tools: Sequence[ToolSpec]) -> ChatResponse:
+        calls = [refund("call_1", 10.0), refund("call_2", 20.0), ToolCall(id="c3", name="lookup")]
+        return ChatResponse(tool_calls=calls)
+
+
+class Start:
+    """A run drafted in `store` and its first step, whose lookup calls `look(run_id)` after
+    both refunds have asked for review."""
+
+    def __init__(self, store: SqlApprovalStore, look: Callable[[str], Awaitable[None]]) -> None:
+        self.store = store
+        self.run_id = ""
+        tools = ToolRegistry()
+
+        @tools.tool(confirm=True)
+        def refund(order_id: str, amount: float) -> str:
+            return f"refunded {amount} on {order_id}"
+
+        @tools.tool(blocking=False)
+        async def lookup() -> str:
+            await look(self.run_id)
+            return "looked"
+
+        self.agent = Agent(Chat(), tools)
+        self.executor = self.agent.executor(approval=DeferredApproval(store))
+
+    async def draft(self) -> RunRecord:
+        run = await self.store.draft_run(
+            agent="support", messages=[HumanMessage(content="refund A-1")], worker="w1"
+        )
+        self.run_id = run.run_id
+        return run
+
+    async def step(self, run: RunRecord) -> RunRecord:
+        return await advance_run(run, agent=self.agent, executor=self.executor, runs=self.store)
+
+
+async def test_a_started_run_and_its_reviews_are_written_by_its_first_save(url: str) -> None:
+    seen: list[tuple[bool, int]] = []
+    async with SqlApprovalStore(url) as store, SqlApprovalStore(url) as other:
+
+        async def look(run_id: str) -> None:  # another process, in the middle of the step
+            try:
+                await other.get_run(run_id)
+                exists = True
+            except RunNotFound:
+                exists = False
+            seen.append((exists, len(await other.list(run_id=run_id))))
+
+        start = Start(store, look)
+        waiting = await start.step(await start.draft())
+        assert seen == [(False, 0)]
+        assert (waiting.status, waiting.version, waiting.claimed_by) == ("waiting", 2, None)
+        run = await other.get_run(start.run_id)
+        assert (run.status, run.version) == ("waiting", 2)
+        reviews = await other.list(run_id=start.run_id, status="pending")
+        assert [r.request.call_id for r in reviews] == ["call_1", "call_2"]
+        for review in reviews:
+            assert [e.kind for e in await other.events(review.approval_id)] == ["created"]
+        # The run waits on both (its pending count came with them), then is ready.
+        await other.decide(reviews[0].approval_id, APPROVE)
+        assert await other.claim_ready(worker="w2") == []
+        await other.decide(reviews[1].approval_id, APPROVE)
+        [claimed] = await other.claim_ready(worker="w2")
+        assert claimed.run_id == start.run_id
+    assert (await verify(url)).ok
+
+
+async def test_an_operation_naming_a_draft_writes_it_first(url: str) -> None:
+    async with SqlApprovalStore(url) as store, SqlApprovalStore(url) as other:
+        found: list[int] = []
+
+        async def look(run_id: str) -> None:  # this process asks: the draft is written now
+            found.append(len(await store.list(run_id=run_id, status="pending")))
+            run = await other.get_run(run_id)
+            assert (run.status, run.version, run.claimed_by) == ("running", 1, "w1")
+
+        start = Start(store, look)
+        waiting = await start.step(await start.draft())
+        assert found == [2]
+        assert (waiting.status, waiting.version) == ("waiting", 2)
+        assert len(await other.list(run_id=start.run_id)) == 2  # written once
+        for review in await other.list(run_id=start.run_id):
+            await other.decide(review.approval_id, APPROVE)
+        [claimed] = await other.claim_ready(worker="w2")
+        assert claimed.run_id == start.run_id
+    assert (await verify(url)).ok
+
+
+async def test_a_draft_never_saved_leaves_nothing(url: str) -> None:
+    async with SqlApprovalStore(url) as store:
+        start = Start(store, lambda run_id: _nothing())
+        run = await start.draft()
+        arguments = {"order_id": "A-1", "amount": 1.0}
+        request = ApprovalRequest(
+            run_id=run.run_id,
+            call_id="call_1",
+            tool="refund",
+            arguments=arguments,
+            digest=arguments_digest(arguments),
+        )
+        assert (await store.claim(request, actor="w1")).outcome == "pending"
+        store.forget_draft(run.run_id)  # its start was cancelled
+        with pytest.raises(RunNotFound):
+            await store.get_run(run.run_id)
+        assert await store.list() == []
+
+
+APPROVE = Decision(approved=True, decided_by="ana")
+
+
+async def _nothing() -> None:
+    return None
