@@ -134,17 +134,42 @@ class Dispatcher:
         self.counters = counters if counters is not None else {}
         """Deliveries sent and failed by this process, for /metrics."""
         self.counters.update(deliveries_sent=0, deliveries_failed=0)
+        self._sending: set[asyncio.Task[bool]] = set()
+        """The deliveries `start_step` started that are still going."""
 
     async def step(self) -> int:
         """Announce what is new, then deliver what is due; how many were delivered."""
         await self.announce()
         delivered = 0
         # A failed delivery is due again only after a backoff, so this ends.
-        while claimed := await self.store.claim_deliveries(
-            worker=self.worker, lease=self.lease, limit=DELIVERY_BATCH
-        ):
+        while claimed := await self._claim():
             delivered += sum(await asyncio.gather(*(self._deliver(d) for d in claimed)))
         return delivered
+
+    async def start_step(self) -> int:
+        """Announce what is new, then start delivering what is due, each delivery in a task
+        of its own that goes on after this returns (`drain` waits for them); how many were
+        started. The workers' outbox lane steps so: a review opened while others are being
+        delivered is announced and sent at once, not after the slowest of them."""
+        await self.announce()
+        started = 0
+        while claimed := await self._claim():  # claimed: no later claim takes them again
+            for delivery in claimed:
+                task = asyncio.get_running_loop().create_task(self._deliver(delivery))
+                self._sending.add(task)
+                task.add_done_callback(self._sending.discard)
+            started += len(claimed)
+        return started
+
+    async def drain(self) -> None:
+        """Wait for the deliveries `start_step` started."""
+        while self._sending:
+            await asyncio.wait(list(self._sending))
+
+    async def _claim(self) -> list[Delivery]:
+        return await self.store.claim_deliveries(
+            worker=self.worker, lease=self.lease, limit=DELIVERY_BATCH
+        )
 
     async def announce(self) -> int:
         """Make the deliveries of every review with something to announce; how many."""

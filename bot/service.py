@@ -347,9 +347,13 @@ class BotService:
         """Two lanes side by side: the runs (time-outs, ready runs) and the outbox (announce,
         deliver), so that a review is posted while runs move on, however many there are."""
         # A task group: what ends one lane (a cancellation, an interrupt) ends the other too.
-        async with asyncio.TaskGroup() as lanes:
-            lanes.create_task(self._lane(stop, self._wake, self._move_and_tell, "runs"))
-            lanes.create_task(self._lane(stop, self._outbox_wake, self.dispatcher.step, "outbox"))
+        try:
+            async with asyncio.TaskGroup() as lanes:
+                lanes.create_task(self._lane(stop, self._wake, self._move_and_tell, "runs"))
+                outbox = self.dispatcher.start_step  # deliveries go on beside the next steps
+                lanes.create_task(self._lane(stop, self._outbox_wake, outbox, "outbox"))
+        finally:
+            await self.dispatcher.drain()  # the deliveries under way end before the channels
 
     async def _move_and_tell(self) -> None:
         await self._listen()
