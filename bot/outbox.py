@@ -144,6 +144,8 @@ class Dispatcher:
         # A failed delivery is due again only after a backoff, so this ends.
         while claimed := await self._claim():
             delivered += sum(await asyncio.gather(*(self._deliver(d) for d in claimed)))
+            if len(claimed) < DELIVERY_BATCH:
+                break  # that was all that was due: no need to ask again
         return delivered
 
     async def start_step(self) -> int:
@@ -159,6 +161,8 @@ class Dispatcher:
                 self._sending.add(task)
                 task.add_done_callback(self._sending.discard)
             started += len(claimed)
+            if len(claimed) < DELIVERY_BATCH:
+                break  # that was all that was due: no need to ask again
         return started
 
     async def drain(self) -> None:

@@ -60,6 +60,12 @@ FIRST_BACKOFF = 0.1
 MOST_BACKOFF = 5.0
 """Seconds a worker waits after a failed step before the next: doubling, up to the most."""
 
+EXPIRY_EVERY = 0.1
+"""Seconds the workers' runs lane lets pass between two looks for reviews past their
+deadline: it steps at every decision and new run, and a deadline is kept to within this (a
+time-out is a decision of seconds, not milliseconds) at the cost of one query, not one a
+step."""
+
 UNHEALTHY_AFTER = 2
 """Failed steps in a row after which the workers count as down (one can be a blip)."""
 
@@ -170,6 +176,8 @@ class BotService:
         # runs whose answer it could not hand to the outbox: tried again at the next step.
         # Their claim is this worker's until its lease runs out, so nobody else would.
         self._unsaved: set[str] = set()
+        self._expiry_looked = float("-inf")
+        """When (the loop's clock) the runs' lane last looked for reviews past their deadline."""
         self._unanswered: set[str] = set()
         self.health = WorkerHealth()
         """How the workers are doing, for /healthz and /readyz."""
@@ -275,10 +283,15 @@ class BotService:
             await self.dispatcher.step()
         return advanced
 
-    async def _move_runs(self) -> tuple[bool, int]:
+    async def _move_runs(self, *, lane: bool = False) -> tuple[bool, int]:
         """Time out overdue reviews and continue every ready run: whether any timed out, and
-        how many runs were continued."""
-        expired = bool(await self.store.expire_due())
+        how many runs were continued. In the workers' lane, overdue reviews are looked for
+        at most every `EXPIRY_EVERY` seconds."""
+        expired = False
+        now = asyncio.get_running_loop().time()
+        if not lane or now - self._expiry_looked >= EXPIRY_EVERY:
+            self._expiry_looked = now
+            expired = bool(await self.store.expire_due())
         if expired:
             log.info("reviews timed out")
             self._decided()
@@ -357,7 +370,7 @@ class BotService:
 
     async def _move_and_tell(self) -> None:
         await self._listen()
-        expired, advanced = await self._move_runs()
+        expired, advanced = await self._move_runs(lane=True)
         if expired or advanced:
             self._outbox_wake.set()  # outcomes, and the reviews of runs that paused again
 

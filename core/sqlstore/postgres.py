@@ -32,14 +32,13 @@ from nodbot.core.sqlstore.backend import (
     Row,
     VoteResult,
     claim_step,
-    delivered_event,
     detail,
     timeout_detail,
-    undelivered_event,
 )
 from nodbot.core.sqlstore.notices import Listener, Listening
 from nodbot.core.sqlstore.pool import GuardedPool
 from nodbot.core.store import ALREADY_VOTED, CONCURRENT_USE_REASON, TIMEOUT_DECIDER, ApprovalRequest
+from nodbot.core.tools import canonical_json
 
 __all__ = ["PostgresBackend"]
 
@@ -328,6 +327,13 @@ SELECT $1, kind, target, 'due', 0, due_at, $5::timestamptz
 FROM unnest($2::text[], $3::text[], $4::timestamptz[]) AS wanted (kind, target, due_at)
 ON CONFLICT (approval_id, kind, target) DO NOTHING
 RETURNING {DELIVERY_COLUMNS}"""
+# A review's deliveries made and its stage marked announced, in one statement.
+_ANNOUNCE = f"""
+WITH made AS ({_INSERT_DELIVERIES}
+), marked AS (
+    UPDATE approvals SET announced = $6 WHERE approval_id = $1 AND announced < $6
+)
+SELECT {DELIVERY_COLUMNS} FROM made"""
 # Replicas claim concurrently: SKIP LOCKED hands each delivery to one of them.
 _CLAIM_DELIVERIES = f"""
 WITH picked AS (
@@ -345,6 +351,21 @@ UPDATE deliveries SET status = $3, attempts = attempts + 1, sent_at = $4,
     error = $6, due_at = coalesce($7, due_at), claimed_by = NULL, lease_until = NULL
 WHERE seq = $1 AND claimed_by = $2 AND status = 'due'
 RETURNING {DELIVERY_COLUMNS}"""
+# The same with its event, in one statement: `delivered` once sent, `undelivered` once given
+# up (its detail as `delivered_event` and `undelivered_event` write it; $9 the error as JSON).
+_KIND_AND_TARGET = "'\"kind\":' || to_json(kind)::text || ',\"target\":' || to_json(target)::text"
+_SETTLE_LOGGED = f"""
+WITH changed AS ({_SETTLE_DELIVERY}
+), logged AS (
+    {_EVENTS}
+    SELECT approval_id, CASE WHEN status = 'sent' THEN 'delivered' ELSE 'undelivered' END,
+           $8::timestamptz, $2::text, split_part(target, ':', 1),
+           CASE WHEN status = 'sent' THEN '{{' || {_KIND_AND_TARGET} || '}}'
+                ELSE '{{"error":' || $9::text || ',' || {_KIND_AND_TARGET} || '}}' END,
+           NULL
+    FROM changed WHERE status IN ('sent', 'failed')
+)
+SELECT {DELIVERY_COLUMNS} FROM changed"""
 # The progress of a delivery still held: its ref, and nothing else.
 _DELIVERY_PROGRESS = f"""
 UPDATE deliveries SET ref = $3 WHERE seq = $1 AND claimed_by = $2 AND status = 'due'
@@ -652,13 +673,7 @@ class PostgresBackend:
         kinds = [d["kind"] for d in deliveries]
         targets = [d["target"] for d in deliveries]
         due = [d["due_at"] or at for d in deliveries]
-        async with self._pool.acquire() as connection, connection.transaction():
-            made = await connection.fetch(_INSERT_DELIVERIES, approval_id, kinds, targets, due, at)
-            await connection.execute(
-                "UPDATE approvals SET announced = $2 WHERE approval_id = $1 AND announced < $2",
-                approval_id,
-                stage,
-            )
+        made = await self._pool.fetch(_ANNOUNCE, approval_id, kinds, targets, due, at, stage)
         return sorted((dict(record) for record in made), key=lambda row: row["seq"])
 
     async def claim_deliveries(
@@ -679,26 +694,13 @@ class PostgresBackend:
             values: tuple[Any, ...] = ("sent", at, text, None, None)
         else:
             values = ("due" if retry_at is not None else "failed", None, None, text, retry_at)
-        async with self._pool.acquire() as connection, connection.transaction():
-            changed = _row(
-                await connection.fetchrow(_SETTLE_DELIVERY, delivery_id, worker, *values)
+        error = canonical_json(text or "")
+        changed = await self._one(_SETTLE_LOGGED, delivery_id, worker, *values, at, error)
+        if changed is None:
+            existing = await self._one(
+                f"SELECT {DELIVERY_COLUMNS} FROM deliveries WHERE seq = $1", delivery_id
             )
-            if changed is None:
-                existing = await connection.fetchrow(
-                    f"SELECT {DELIVERY_COLUMNS} FROM deliveries WHERE seq = $1", delivery_id
-                )
-                return Change(None, _row(existing))
-            event = None
-            if changed["status"] == "sent":
-                event = delivered_event(changed, worker)
-            elif changed["status"] == "failed":
-                event = undelivered_event(changed, worker, text or "")
-            if event is not None:
-                await connection.execute(
-                    f"{_EVENTS} VALUES ($1, $2, $3, $4, $5, $6, $7)",
-                    changed["approval_id"], event.kind, at, event.actor, event.channel,
-                    event.detail, event.person,
-                )  # fmt: skip
+            return Change(None, existing)
         return Change(changed, None)
 
     async def delivery_progress(self, delivery_id: int, worker: str, ref: str) -> Change:

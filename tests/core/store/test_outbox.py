@@ -159,12 +159,22 @@ async def test_a_delivery_given_up_is_recorded(store: SqlApprovalStore) -> None:
     record = await store.create(request())
     [made] = await store.announce(record.approval_id, "request", [HOOK])
     await store.claim_deliveries(worker="w1", lease=30)
-    gone = await store.delivery_failed(
-        made.delivery_id, worker="w1", error="HTTP 410", retry_at=None
-    )
+    error = 'HTTP 410 "Gone" \\ ünï\ncode'  # quoted, escaped and not ASCII: JSON all the same
+    gone = await store.delivery_failed(made.delivery_id, worker="w1", error=error, retry_at=None)
     assert gone.status == "failed"
     [event] = [e for e in await store.events(record.approval_id) if e.kind == "undelivered"]
-    assert event.detail == {"kind": "request", "target": "webhook:ops", "error": "HTTP 410"}
+    assert event.detail == {"kind": "request", "target": "webhook:ops", "error": error}
+    assert (event.actor, event.channel) == ("w1", "webhook")
+
+
+async def test_a_delivery_made_is_recorded(store: SqlApprovalStore) -> None:
+    record = await store.create(request())
+    [made] = await store.announce(record.approval_id, "request", [HOOK])
+    await store.claim_deliveries(worker="w1", lease=30)
+    await store.delivered(made.delivery_id, worker="w1", ref={"ts": "1.5"})
+    [event] = [e for e in await store.events(record.approval_id) if e.kind == "delivered"]
+    assert event.detail == {"kind": "request", "target": "webhook:ops"}
+    assert (event.actor, event.channel) == ("w1", "webhook")
 
 
 async def test_a_dead_claimants_delivery_is_claimed_again_after_its_lease(
