@@ -345,7 +345,7 @@ class SqlApprovalStore:
             raise RunConflict(
                 run_id=row["run_id"], expected=0, found=found, reason="a run with this id exists"
             )
-        return _run(created)
+        return _run(created, list(messages))
 
     async def draft_run(
         self,
@@ -470,12 +470,12 @@ class SqlApprovalStore:
             }
             written = await self._drafts.write(run.run_id, lambda d: self._write_draft(d, saved))
             if written is not None:
-                return _run(written)
+                return _run(written, list(messages))
         await self._undraft(run_id=run.run_id)  # written meanwhile, or saved with spent ones
         finished = [(each.approval_id, each.outcome) for each in spent]
         with self._errors():
             change = await backend.save_run(run.run_id, run.version, values, finished)
-        return _run(_changed_run(change, run))
+        return _run(_changed_run(change, run), list(messages))
 
     async def renew_claim(self, run: RunRecord, *, lease: float = DEFAULT_LEASE) -> RunRecord:
         await self._undraft(run_id=run.run_id)
@@ -485,7 +485,7 @@ class SqlApprovalStore:
             change = await backend.renew_claim(
                 run.run_id, run.version, now, now + timedelta(seconds=lease)
             )
-        return _run(_changed_run(change, run))
+        return _run(_changed_run(change, run), run.messages)  # a renewal leaves them be
 
     async def claim_ready(
         self, *, worker: str, lease: float = DEFAULT_LEASE, limit: int = 10
@@ -635,12 +635,14 @@ def _changed_run(change: Change, run: RunRecord) -> Row:
     raise RunConflict(run_id=run.run_id, expected=run.version, found=found, reason=reason)
 
 
-def _run(row: Row) -> RunRecord:
+def _run(row: Row, messages: list[Message] | None = None) -> RunRecord:
+    """The run of `row`; with `messages`, the conversation the caller just wrote into it, not
+    parsed again from its JSON (a save's, or one it left alone)."""
     return RunRecord(
         run_id=row["run_id"],
         agent=row["agent"],
         status=row["status"],
-        messages=_MESSAGES.validate_json(row["messages"]),
+        messages=_MESSAGES.validate_json(row["messages"]) if messages is None else messages,
         version=row["version"],
         created_at=row["created_at"],
         updated_at=row["updated_at"],
