@@ -10,14 +10,18 @@ stand-in for the rate, whose SQLite part is mostly writes to the WAL).
 For each workload it runs a child process twice under valgrind, with `--cycles` and with
 three times as many cycles, and prints the difference divided by the extra cycles, so that
 start-up and imports cancel out. The workloads: nodbot's cycle (pause, decide, resume, the
-tool runs; `bench/cycle.py`'s) on the memory store and on a SQLite file, and the floor
-(three raw sqlite3 transactions a cycle).
+tool runs; `bench/cycle.py`'s) on the memory store and on a SQLite file, the floor
+(three raw sqlite3 transactions a cycle), and `bot`: approvals one at a time through the
+whole bot over HTTP (`bench/bot.py`'s bot, its webhook receiver in a process that is not
+counted, the client in the counted one), per approval. The bot's lanes also poll every half
+second, so its count moves by about 1% from run to run; the others' by 0.4%.
 
 `--against REV` measures the nodbot workloads of the git revision REV too (checked out in a
 temporary worktree), alternately with this tree's, and prints this tree's count over REV's:
 the way to see what a change does to the cost of a cycle before measuring rates.
 
-Needs valgrind (`apt-get install valgrind`); each workload takes about a minute.
+Needs valgrind (`apt-get install valgrind`); each workload takes about a minute (`bot`,
+with `--cycles 10`, two and a half).
 `.venv/bin/python bench/instructions.py --against HEAD~1`. It is not a test.
 """
 
@@ -40,10 +44,12 @@ ROOT = Path(__file__).resolve().parents[1]
 if sys.path and Path(sys.path[0] or os.curdir).resolve() == ROOT / "bench":
     sys.path[0] = str(ROOT)
 
-WORKLOADS = ("memory", "sqlite", "floor")
+WORKLOADS = ("memory", "sqlite", "floor", "bot")
 _COLLECTED = re.compile(r"Collected\s*:\s*(\d+)")
 WARMUP = 20
 """Cycles run before counting starts to matter (caches, statement caches, first plans)."""
+BOT_WARMUP = 5
+"""Approvals through the bot before counting starts to matter."""
 
 
 # --- the child: one workload, run from a given tree --------------------------------------
@@ -63,6 +69,8 @@ def child(tree: Path, workload: str, cycles: int) -> None:
         path = Path(name) / "cycles.db"
         if workload == "floor":
             floor(path, WARMUP + cycles)
+        elif workload == "bot":
+            asyncio.run(bot(path, BOT_WARMUP + cycles))
         else:
             asyncio.run(nodbot(workload, path, WARMUP + cycles))
 
@@ -79,6 +87,30 @@ async def nodbot(workload: str, path: Path, cycles: int) -> None:
         await nodbot_cycles(workload, store, cycles, 0)
     finally:
         await store.close()
+
+
+async def bot(path: Path, approvals: int) -> None:
+    """bench/bot.py's bot on SQLite, its webhook receiver in a process of its own, and
+    `approvals` approvals one after the other from a client in this process: `POST /runs`
+    (the refund pauses and its review is posted), `POST .../decide`, `GET /runs/{id}?wait`
+    until it has finished. The client's share is the same in every tree."""
+    import secrets
+
+    from bench import bot as driven
+
+    os.environ[driven.TOKEN_VARIABLE] = token = secrets.token_urlsafe(24)
+    os.environ[driven.HOOK_SECRET_VARIABLE] = secrets.token_urlsafe(24)
+    async with driven.receiving() as receiver:
+        config = driven.write_config(path.parent, f"sqlite:///{path}", receiver.url)
+        async with (
+            driven.serving(str(config)) as served,
+            driven.api_client(served.url, token) as client,
+        ):
+            for number in range(approvals):
+                run = await driven.start_run(client, f"order-{number}")
+                [pending] = run["pending"]
+                await driven.decide(client, pending["approval_id"])
+                await driven.until_finished(client, run["run_id"])
 
 
 def floor(path: Path, cycles: int) -> None:

@@ -119,7 +119,7 @@ def test_the_instruction_count_workloads_run_and_it_refuses_without_valgrind(
     tmp_path: Path,
 ) -> None:
     # What runs under valgrind: each workload as its child process runs it, from this tree.
-    for workload in ("memory", "sqlite", "floor"):
+    for workload in ("memory", "sqlite", "floor", "bot"):
         command = [sys.executable, "bench/instructions.py", "--child", workload, "--cycles", "3"]
         done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=120)
         assert done.returncode == 0, f"{workload}: {done.stderr}"
