@@ -135,7 +135,9 @@ class Dispatcher:
         """Deliveries sent and failed by this process, for /metrics."""
         self.counters.update(deliveries_sent=0, deliveries_failed=0)
         self._sending: set[asyncio.Task[bool]] = set()
-        """The deliveries `start_step` started that are still going."""
+        """The deliveries started that are still going."""
+        self._last: dict[str, asyncio.Task[bool]] = {}
+        """The last delivery started of each review that has one still going."""
 
     async def step(self) -> int:
         """Announce what is new, then deliver what is due; how many were delivered."""
@@ -143,7 +145,7 @@ class Dispatcher:
         delivered = 0
         # A failed delivery is due again only after a backoff, so this ends.
         while claimed := await self._claim():
-            delivered += sum(await asyncio.gather(*(self._deliver(d) for d in claimed)))
+            delivered += sum(await asyncio.gather(*(self._start(d) for d in claimed)))
             if len(claimed) < DELIVERY_BATCH:
                 break  # that was all that was due: no need to ask again
         return delivered
@@ -157,9 +159,7 @@ class Dispatcher:
         started = 0
         while claimed := await self._claim():  # claimed: no later claim takes them again
             for delivery in claimed:
-                task = asyncio.get_running_loop().create_task(self._deliver(delivery))
-                self._sending.add(task)
-                task.add_done_callback(self._sending.discard)
+                self._start(delivery)
             started += len(claimed)
             if len(claimed) < DELIVERY_BATCH:
                 break  # that was all that was due: no need to ask again
@@ -169,6 +169,27 @@ class Dispatcher:
         """Wait for the deliveries `start_step` started."""
         while self._sending:
             await asyncio.wait(list(self._sending))
+
+    def _start(self, delivery: Delivery) -> asyncio.Task[bool]:
+        """Deliver in a task of its own, after the deliveries of the same review started
+        before it: a review's outcome follows its request (a channel may need the request's
+        message to answer in its thread), while other reviews' deliveries go side by side."""
+        before = self._last.get(delivery.approval_id)
+        task = asyncio.get_running_loop().create_task(self._deliver_after(before, delivery))
+        self._last[delivery.approval_id] = task
+        self._sending.add(task)
+        task.add_done_callback(lambda done: self._ended(delivery.approval_id, done))
+        return task
+
+    async def _deliver_after(self, before: asyncio.Task[bool] | None, delivery: Delivery) -> bool:
+        if before is not None:
+            await asyncio.wait([before])
+        return await self._deliver(delivery)
+
+    def _ended(self, approval_id: str, task: asyncio.Task[bool]) -> None:
+        self._sending.discard(task)
+        if self._last.get(approval_id) is task:
+            del self._last[approval_id]
 
     async def _claim(self) -> list[Delivery]:
         return await self.store.claim_deliveries(
