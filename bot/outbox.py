@@ -2,7 +2,11 @@
 
 Each `step` first announces what is new (a review opened: its request; a review decided: its
 outcome), asking every channel which deliveries it wants (`Channel.targets`), then delivers
-what is due (`Channel.deliver`). A failed attempt is due again after a backoff (1 s, doubling,
+what is due (`Channel.deliver`). The deliveries an announcement makes due at once are made
+claimed by the announcing worker, which delivers them without claiming them; the claims of
+due deliveries are for the rest (failed attempts due again, deliveries due later, those of a
+worker that died, those a channel made while delivering). A failed attempt is due again after
+a backoff (1 s, doubling,
 at most `max_backoff`, or the channel's own `retry_after`); a channel that says it never will
 deliver (`DeliveryError(permanent=True)`) gives the delivery up, and the events say so.
 Nothing is lost: every delivery stays in the store until it is sent or given up.
@@ -11,6 +15,7 @@ Nothing is lost: every delivery stays in the store until it is sent or given up.
 from __future__ import annotations
 
 import asyncio
+import heapq
 import logging
 import random
 from collections.abc import Callable, Sequence
@@ -46,6 +51,9 @@ ANNOUNCE_BATCH = 100
 """Reviews announced per read of the store."""
 DELIVERY_BATCH = 50
 """Deliveries claimed at once, and delivered side by side (at most `concurrency` at a time)."""
+CLAIM_EVERY = 0.5
+"""Seconds at most between the claims of the workers' outbox lane (`start_step`) when this
+process knows of nothing to claim: what other processes left due is found that soon."""
 
 
 class DeliveryError(Exception):
@@ -74,6 +82,9 @@ class Channel(Protocol):
     """The channel part of its targets (`webhook` in `webhook:ops`)."""
     answers: bool
     """Whether it tells a finished run's answer (asked only of channels that do)."""
+    makes_deliveries: bool
+    """Whether a delivery of it may make deliveries of its own (`Outbox.announce`, as Slack's
+    request to a user group makes one for each member): after one, the outbox lane claims."""
 
     def targets(self, record: ApprovalRecord, stage: Moment) -> list[NewDelivery]:
         """The deliveries this channel wants for the review at this moment: it opened
@@ -120,6 +131,7 @@ class Dispatcher:
         concurrency: int = 16,
         min_backoff: float = 1.0,
         max_backoff: float = 300.0,
+        claim_every: float = CLAIM_EVERY,
         clock: Callable[[], datetime] = utc_now,
         counters: dict[str, int] | None = None,
     ) -> None:
@@ -129,6 +141,7 @@ class Dispatcher:
         self.lease = lease
         self.min_backoff = min_backoff
         self.max_backoff = max_backoff
+        self.claim_every = claim_every
         self._slots = asyncio.Semaphore(concurrency)
         self._clock = clock
         self.counters = counters if counters is not None else {}
@@ -138,11 +151,19 @@ class Dispatcher:
         """The deliveries started that are still going."""
         self._last: dict[str, asyncio.Task[bool]] = {}
         """The last delivery started of each review that has one still going."""
+        self._claim_wanted = True
+        """Whether the lane's next step claims whatever its last claim: that claim was
+        full, or a delivery since may have made deliveries or failed."""
+        self._claimed_at = -claim_every
+        """The event loop's time of the last claim."""
+        self._later: list[datetime] = []
+        """When deliveries this process made, or failed, are due (a heap): the lane claims
+        once the soonest is."""
 
     async def step(self) -> int:
         """Announce what is new, then deliver what is due; how many were delivered."""
-        await self.announce()
-        delivered = 0
+        held = await self._announce_all()
+        delivered = sum(await asyncio.gather(*(self._start(d) for d in held)))
         # A failed delivery is due again only after a backoff, so this ends.
         while claimed := await self._claim():
             delivered += sum(await asyncio.gather(*(self._start(d) for d in claimed)))
@@ -154,9 +175,17 @@ class Dispatcher:
         """Announce what is new, then start delivering what is due, each delivery in a task
         of its own that goes on after this returns (`drain` waits for them); how many were
         started. The workers' outbox lane steps so: a review opened while others are being
-        delivered is announced and sent at once, not after the slowest of them."""
-        await self.announce()
-        started = 0
+        delivered is announced and sent at once, not after the slowest of them.
+
+        The deliveries it announces come claimed, so it claims only when something else may
+        be due (`_should_claim`): not at every step, where on PostgreSQL each claim is a
+        round trip, and under load most find nothing."""
+        held = await self._announce_all()
+        for delivery in held:
+            self._start(delivery)
+        started = len(held)
+        if not self._should_claim():
+            return started
         while claimed := await self._claim():  # claimed: no later claim takes them again
             for delivery in claimed:
                 self._start(delivery)
@@ -191,27 +220,59 @@ class Dispatcher:
         if self._last.get(approval_id) is task:
             del self._last[approval_id]
 
+    def _should_claim(self) -> bool:
+        """Whether the lane claims at this step: its last claim was full, or a delivery may
+        have made deliveries since, or one this process made or failed is due now, or
+        `claim_every` has gone by (what other processes left due)."""
+        if self._claim_wanted or (self._later and self._later[0] <= self._clock()):
+            return True
+        return asyncio.get_running_loop().time() - self._claimed_at >= self.claim_every
+
+    def _due_later(self, at: datetime) -> None:
+        heapq.heappush(self._later, at)
+
     async def _claim(self) -> list[Delivery]:
-        return await self.store.claim_deliveries(
+        self._claimed_at = asyncio.get_running_loop().time()
+        now = self._clock()
+        while self._later and self._later[0] <= now:
+            heapq.heappop(self._later)  # due by now: this claim finds it
+        claimed = await self.store.claim_deliveries(
             worker=self.worker, lease=self.lease, limit=DELIVERY_BATCH
         )
+        self._claim_wanted = len(claimed) >= DELIVERY_BATCH
+        return claimed
 
     async def announce(self) -> int:
-        """Make the deliveries of every review with something to announce; how many."""
-        made = 0
+        """Make the deliveries of every review with something to announce, none of them
+        claimed; how many."""
+        return len(await self._announce_all(claim=False))
+
+    async def _announce_all(self, *, claim: bool = True) -> list[Delivery]:
+        """Announce every review with something to announce; the deliveries made claimed by
+        this worker (`claim`), which the caller delivers."""
+        held: list[Delivery] = []
         while announcements := await self.store.unannounced(limit=ANNOUNCE_BATCH):
             # Side by side: each is its own statement, and on PostgreSQL its own round trip.
-            made += sum(await asyncio.gather(*(self._announce(a) for a in announcements)))
+            for made in await asyncio.gather(*(self._announce(a, claim) for a in announcements)):
+                held.extend(made)
             if len(announcements) < ANNOUNCE_BATCH:
                 break  # that was all: no need to ask again
-        return made
+        return held
 
-    async def _announce(self, announcement: Announcement) -> int:
+    async def _announce(self, announcement: Announcement, claim: bool) -> list[Delivery]:
         record, stage = announcement.record, announcement.stage
         if stage == "request":
             _log_opened(record)
         wanted = [d for c in self.channels.values() for d in c.targets(record, stage)]
-        return len(await self.store.announce(record.approval_id, stage, wanted))
+        worker = self.worker if claim else None
+        made = await self.store.announce(
+            record.approval_id, stage, wanted, worker=worker, lease=self.lease
+        )
+        held = [d for d in made if claim and d.claimed_by == self.worker]
+        for delivery in made:
+            if delivery.claimed_by is None:
+                self._due_later(delivery.due_at)
+        return held
 
     async def answer(self, run_id: str) -> int:
         """Make the deliveries of a finished run's answer, for each of its reviews."""
@@ -223,6 +284,8 @@ class Dispatcher:
             wanted = [d for c in answering for d in c.targets(record, "answer")]
             if wanted:
                 made += len(await self.store.announce(record.approval_id, None, wanted))
+        if made:
+            self._claim_wanted = True  # made unclaimed: the lane's next step claims them
         return made
 
     async def close(self) -> None:
@@ -230,10 +293,17 @@ class Dispatcher:
             await channel.close()
 
     async def _deliver(self, delivery: Delivery) -> bool:
+        channel = self.channels.get(delivery.channel)
+        try:
+            return await self._deliver_to(channel, delivery)
+        finally:
+            if channel is None or channel.makes_deliveries:
+                self._claim_wanted = True  # what it made is claimed at the lane's next step
+
+    async def _deliver_to(self, channel: Channel | None, delivery: Delivery) -> bool:
         async with self._slots:
             try:
                 record = await self.store.get(delivery.approval_id)
-                channel = self.channels.get(delivery.channel)
                 if channel is None:
                     raise DeliveryError(
                         f"no {delivery.channel} channel is configured", permanent=True
@@ -266,6 +336,7 @@ class Dispatcher:
             if retry_after is not None:
                 wait = max(wait, retry_after)
             retry_at = self._clock() + timedelta(seconds=wait)
+            self._due_later(retry_at)
         log.warning(
             "delivery given up" if retry_at is None else "delivery failed",
             extra={

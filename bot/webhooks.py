@@ -96,6 +96,7 @@ class WebhookChannel:
 
     name = "webhook"
     answers = False
+    makes_deliveries = False
 
     def __init__(self, hooks: Sequence[Webhook], *, session: aiohttp.ClientSession | None = None):
         self.hooks = {hook.name: hook for hook in hooks}

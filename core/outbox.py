@@ -110,10 +110,19 @@ class Outbox(Protocol):
         ...
 
     async def announce(
-        self, approval_id: str, stage: Stage | None, deliveries: Sequence[NewDelivery]
+        self,
+        approval_id: str,
+        stage: Stage | None,
+        deliveries: Sequence[NewDelivery],
+        *,
+        worker: str | None = None,
+        lease: float = 60.0,
     ) -> list[Delivery]:
         """Make `deliveries` (those not made before) and mark `stage` as announced (None:
-        no stage, deliveries only), in one transaction; returns the deliveries made."""
+        no stage, deliveries only), in one transaction; returns the deliveries made. With
+        `worker`, those due at once are made claimed by it for `lease` seconds, as
+        `claim_deliveries` would claim them: the worker delivers them without a claim of
+        its own (and if it cannot, they are claimed again once the lease runs out)."""
         ...
 
     async def claim_deliveries(

@@ -83,6 +83,7 @@ class EmailChannel:
 
     name = "email"
     answers = False
+    makes_deliveries = False
 
     def __init__(
         self,

@@ -146,6 +146,7 @@ class SlackChannel:
 
     name = "slack"
     answers = True
+    makes_deliveries = True
 
     def __init__(
         self,

@@ -465,10 +465,16 @@ class Backend(Protocol):
         ...
 
     async def announce(
-        self, approval_id: str, stage: int, deliveries: list[Row], at: datetime
+        self,
+        approval_id: str,
+        stage: int,
+        deliveries: list[Row],
+        at: datetime,
+        claim: tuple[str, datetime] | None = None,
     ) -> list[Row]:
         """Insert the deliveries (kind, target, due_at) not made before and raise the
-        review's `announced` to `stage`, in one transaction; the inserted rows."""
+        review's `announced` to `stage`, in one transaction; the inserted rows. With
+        `claim` (a worker, and when its lease ends), those due by `at` are inserted claimed."""
         ...
 
     async def claim_deliveries(

@@ -321,9 +321,14 @@ _UNANNOUNCED = f"""
 SELECT {COLUMNS}, announced FROM approvals
 WHERE announced < 2 AND (announced = 0 OR decided_at IS NOT NULL)
 ORDER BY seq LIMIT $1"""
+# Those due by $5 are made claimed by $7 until $8 (both NULL: unclaimed).
 _INSERT_DELIVERIES = f"""
-INSERT INTO deliveries (approval_id, kind, target, status, attempts, due_at, created_at)
-SELECT $1, kind, target, 'due', 0, due_at, $5::timestamptz
+INSERT INTO deliveries (
+    approval_id, kind, target, status, attempts, due_at, created_at, claimed_by, lease_until
+)
+SELECT $1, kind, target, 'due', 0, due_at, $5::timestamptz,
+       CASE WHEN due_at <= $5::timestamptz THEN $7::text END,
+       CASE WHEN due_at <= $5::timestamptz THEN $8::timestamptz END
 FROM unnest($2::text[], $3::text[], $4::timestamptz[]) AS wanted (kind, target, due_at)
 ON CONFLICT (approval_id, kind, target) DO NOTHING
 RETURNING {DELIVERY_COLUMNS}"""
@@ -668,12 +673,20 @@ class PostgresBackend:
         return [dict(record) for record in await self._pool.fetch(_UNANNOUNCED, limit)]
 
     async def announce(
-        self, approval_id: str, stage: int, deliveries: list[Row], at: datetime
+        self,
+        approval_id: str,
+        stage: int,
+        deliveries: list[Row],
+        at: datetime,
+        claim: tuple[str, datetime] | None = None,
     ) -> list[Row]:
         kinds = [d["kind"] for d in deliveries]
         targets = [d["target"] for d in deliveries]
         due = [d["due_at"] or at for d in deliveries]
-        made = await self._pool.fetch(_ANNOUNCE, approval_id, kinds, targets, due, at, stage)
+        worker, lease_until = (None, None) if claim is None else claim
+        made = await self._pool.fetch(
+            _ANNOUNCE, approval_id, kinds, targets, due, at, stage, worker, lease_until
+        )
         return sorted((dict(record) for record in made), key=lambda row: row["seq"])
 
     async def claim_deliveries(

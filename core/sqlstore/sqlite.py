@@ -214,9 +214,9 @@ _UNANNOUNCED = (
     "WHERE announced < 2 AND (announced = 0 OR decided_at IS NOT NULL) ORDER BY seq LIMIT ?"
 )
 _INSERT_DELIVERY = (
-    "INSERT INTO deliveries (approval_id, kind, target, status, attempts, due_at, created_at) "
-    "VALUES (?, ?, ?, 'due', 0, ?, ?) ON CONFLICT (approval_id, kind, target) DO NOTHING "
-    f"RETURNING {DELIVERY_COLUMNS}"
+    "INSERT INTO deliveries (approval_id, kind, target, status, attempts, due_at, created_at,"
+    " claimed_by, lease_until) VALUES (?, ?, ?, 'due', 0, ?, ?, ?, ?)"
+    f" ON CONFLICT (approval_id, kind, target) DO NOTHING RETURNING {DELIVERY_COLUMNS}"
 )
 _DUE = (
     "  SELECT seq FROM deliveries WHERE status = 'due' AND due_at <= ?"
@@ -708,12 +708,20 @@ class SqliteBackend:
         return rows
 
     async def announce(
-        self, approval_id: str, stage: int, deliveries: list[Row], at: datetime
+        self,
+        approval_id: str,
+        stage: int,
+        deliveries: list[Row],
+        at: datetime,
+        claim: tuple[str, datetime] | None = None,
     ) -> list[Row]:
         now = _text(at)
-        values = [
-            (approval_id, d["kind"], d["target"], _text(d["due_at"] or at), now) for d in deliveries
-        ]
+        claimed = (None, None) if claim is None else (claim[0], _text(claim[1]))
+        values = []
+        for wanted in deliveries:
+            due = wanted["due_at"] or at
+            held = claimed if due <= at else (None, None)
+            values.append((approval_id, wanted["kind"], wanted["target"], _text(due), now, *held))
 
         def work(db: sqlite3.Connection) -> list[Row]:
             made = [_delivery_row(db.execute(_INSERT_DELIVERY, v).fetchone()) for v in values]

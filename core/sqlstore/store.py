@@ -508,14 +508,22 @@ class SqlApprovalStore:
         ]
 
     async def announce(
-        self, approval_id: str, stage: Stage | None, deliveries: Sequence[NewDelivery]
+        self,
+        approval_id: str,
+        stage: Stage | None,
+        deliveries: Sequence[NewDelivery],
+        *,
+        worker: str | None = None,
+        lease: float = 60.0,
     ) -> _Deliveries:
         await self._undraft(approval_id=approval_id)
         backend = await self._ready()
         wanted = [{"kind": d.kind, "target": d.target, "due_at": d.due_at} for d in deliveries]
+        now = self._clock()
+        claim = None if worker is None else (worker, now + timedelta(seconds=lease))
         with self._errors():
             level = 0 if stage is None else STAGES[stage]  # 0: no stage is raised
-            made = await backend.announce(approval_id, level, wanted, self._clock())
+            made = await backend.announce(approval_id, level, wanted, now, claim)
         return [_delivery(row) for row in made]
 
     async def claim_deliveries(

@@ -27,6 +27,7 @@ class Threaded:
 
     name = "threaded"
     answers = False
+    makes_deliveries = False
 
     def __init__(self) -> None:
         self.release = asyncio.Event()

@@ -36,6 +36,7 @@ class Flaky:
 
     name = "flaky"
     answers = False
+    makes_deliveries = False
 
     def __init__(self) -> None:
         self.mended = False

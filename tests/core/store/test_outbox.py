@@ -205,6 +205,39 @@ async def test_a_delivery_due_later_waits(store: SqlApprovalStore, clock: Clock)
     assert [d.kind for d in await store.claim_deliveries(worker="w", lease=30)] == ["escalation"]
 
 
+async def test_an_announcer_gets_the_deliveries_due_at_once_already_claimed(
+    store: SqlApprovalStore, clock: Clock
+) -> None:
+    record = await store.create(request())
+    later = NewDelivery("escalation", "webhook:ops", due_at=clock.now + timedelta(minutes=5))
+    made = await store.announce(record.approval_id, "request", [HOOK, later], worker="w", lease=30)
+    by_kind = {d.kind: d for d in made}
+    assert by_kind["request"].claimed_by == "w"
+    assert by_kind["request"].lease_until == clock.now + timedelta(seconds=30)
+    assert by_kind["escalation"].claimed_by is None  # not due yet: whoever claims it then
+    assert by_kind["escalation"].lease_until is None
+    # Nobody else claims what the announcer holds, and it settles it without a claim.
+    assert await store.claim_deliveries(worker="w2", lease=30) == []
+    sent = await store.delivered(by_kind["request"].delivery_id, worker="w")
+    assert sent.status == "sent"
+    clock.advance(300)
+    assert [d.kind for d in await store.claim_deliveries(worker="w2", lease=30)] == ["escalation"]
+
+
+async def test_an_announcer_that_dies_leaves_its_deliveries_to_others_after_the_lease(
+    store: SqlApprovalStore, clock: Clock
+) -> None:
+    record = await store.create(request())
+    [held] = await store.announce(record.approval_id, "request", [HOOK], worker="dead", lease=30)
+    clock.advance(29)
+    assert await store.claim_deliveries(worker="w2", lease=30) == []
+    clock.advance(1)
+    [taken] = await store.claim_deliveries(worker="w2", lease=30)
+    assert taken.delivery_id == held.delivery_id
+    with pytest.raises(DeliveryLost):
+        await store.delivered(held.delivery_id, worker="dead")
+
+
 async def test_concurrent_claimants_share_the_deliveries(store: SqlApprovalStore) -> None:
     for i in range(20):
         record = await store.create(request(f"call_{i}"))
