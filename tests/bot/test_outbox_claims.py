@@ -75,7 +75,8 @@ class Recording:
 
 @pytest.fixture
 async def store(tmp_path: Path) -> AsyncIterator[Counted]:
-    async with Counted(f"sqlite:///{tmp_path / 'nodbot.db'}") as counted:
+    counted = Counted(f"sqlite:///{tmp_path / 'nodbot.db'}")
+    async with counted:
         yield counted
 
 
