@@ -163,7 +163,7 @@ class Dispatcher:
     async def step(self) -> int:
         """Announce what is new, then deliver what is due; how many were delivered."""
         held = await self._announce_all()
-        delivered = sum(await asyncio.gather(*(self._start(d) for d in held)))
+        delivered = sum(await asyncio.gather(*(self._start(d, r) for d, r in held)))
         # A failed delivery is due again only after a backoff, so this ends.
         while claimed := await self._claim():
             delivered += sum(await asyncio.gather(*(self._start(d) for d in claimed)))
@@ -181,8 +181,8 @@ class Dispatcher:
         be due (`_should_claim`): not at every step, where on PostgreSQL each claim is a
         round trip, and under load most find nothing."""
         held = await self._announce_all()
-        for delivery in held:
-            self._start(delivery)
+        for delivery, record in held:
+            self._start(delivery, record)
         started = len(held)
         if not self._should_claim():
             return started
@@ -199,21 +199,31 @@ class Dispatcher:
         while self._sending:
             await asyncio.wait(list(self._sending))
 
-    def _start(self, delivery: Delivery) -> asyncio.Task[bool]:
+    def _start(
+        self, delivery: Delivery, record: ApprovalRecord | None = None
+    ) -> asyncio.Task[bool]:
         """Deliver in a task of its own, after the deliveries of the same review started
         before it: a review's outcome follows its request (a channel may need the request's
-        message to answer in its thread), while other reviews' deliveries go side by side."""
+        message to answer in its thread), while other reviews' deliveries go side by side.
+        `record`: the review as its announcement just read it, delivered as it is unless an
+        earlier delivery of the review is still going (then it is read again after that)."""
         before = self._last.get(delivery.approval_id)
-        task = asyncio.get_running_loop().create_task(self._deliver_after(before, delivery))
+        known = record if before is None else None
+        task = asyncio.get_running_loop().create_task(self._deliver_after(before, delivery, known))
         self._last[delivery.approval_id] = task
         self._sending.add(task)
         task.add_done_callback(lambda done: self._ended(delivery.approval_id, done))
         return task
 
-    async def _deliver_after(self, before: asyncio.Task[bool] | None, delivery: Delivery) -> bool:
+    async def _deliver_after(
+        self,
+        before: asyncio.Task[bool] | None,
+        delivery: Delivery,
+        record: ApprovalRecord | None,
+    ) -> bool:
         if before is not None:
             await asyncio.wait([before])
-        return await self._deliver(delivery)
+        return await self._deliver(delivery, record)
 
     def _ended(self, approval_id: str, task: asyncio.Task[bool]) -> None:
         self._sending.discard(task)
@@ -247,10 +257,10 @@ class Dispatcher:
         claimed; how many."""
         return len(await self._announce_all(claim=False))
 
-    async def _announce_all(self, *, claim: bool = True) -> list[Delivery]:
+    async def _announce_all(self, *, claim: bool = True) -> list[tuple[Delivery, ApprovalRecord]]:
         """Announce every review with something to announce; the deliveries made claimed by
-        this worker (`claim`), which the caller delivers."""
-        held: list[Delivery] = []
+        this worker (`claim`), which the caller delivers, each with its review as read."""
+        held: list[tuple[Delivery, ApprovalRecord]] = []
         while announcements := await self.store.unannounced(limit=ANNOUNCE_BATCH):
             # Side by side: each is its own statement, and on PostgreSQL its own round trip.
             for made in await asyncio.gather(*(self._announce(a, claim) for a in announcements)):
@@ -259,7 +269,9 @@ class Dispatcher:
                 break  # that was all: no need to ask again
         return held
 
-    async def _announce(self, announcement: Announcement, claim: bool) -> list[Delivery]:
+    async def _announce(
+        self, announcement: Announcement, claim: bool
+    ) -> list[tuple[Delivery, ApprovalRecord]]:
         record, stage = announcement.record, announcement.stage
         if stage == "request":
             _log_opened(record)
@@ -268,7 +280,7 @@ class Dispatcher:
         made = await self.store.announce(
             record.approval_id, stage, wanted, worker=worker, lease=self.lease
         )
-        held = [d for d in made if claim and d.claimed_by == self.worker]
+        held = [(d, record) for d in made if claim and d.claimed_by == self.worker]
         for delivery in made:
             if delivery.claimed_by is None:
                 self._due_later(delivery.due_at)
@@ -292,18 +304,20 @@ class Dispatcher:
         for channel in self.channels.values():
             await channel.close()
 
-    async def _deliver(self, delivery: Delivery) -> bool:
+    async def _deliver(self, delivery: Delivery, record: ApprovalRecord | None = None) -> bool:
         channel = self.channels.get(delivery.channel)
         try:
-            return await self._deliver_to(channel, delivery)
+            return await self._deliver_to(channel, delivery, record)
         finally:
             if channel is None or channel.makes_deliveries:
                 self._claim_wanted = True  # what it made is claimed at the lane's next step
 
-    async def _deliver_to(self, channel: Channel | None, delivery: Delivery) -> bool:
+    async def _deliver_to(
+        self, channel: Channel | None, delivery: Delivery, known: ApprovalRecord | None
+    ) -> bool:
         async with self._slots:
             try:
-                record = await self.store.get(delivery.approval_id)
+                record = known or await self.store.get(delivery.approval_id)
                 if channel is None:
                     raise DeliveryError(
                         f"no {delivery.channel} channel is configured", permanent=True

@@ -1,6 +1,6 @@
-"""The workers' outbox lane delivers what it announces without claiming it
-(`Dispatcher.start_step`): an announcement makes the deliveries due at once claimed by the
-announcing worker. It claims only when something else may be due: a failed attempt due
+"""The workers' outbox lane delivers what it announces without claiming it, or reading the
+review again (`Dispatcher.start_step`): an announcement makes the deliveries due at once
+claimed by the announcing worker. It claims only when something else may be due: a failed attempt due
 again, a delivery a channel made while delivering, or, every `claim_every` seconds, what
 other processes left due."""
 
@@ -29,9 +29,15 @@ NEVER = 3600.0
 
 
 class Counted(SqlApprovalStore):
-    """The SQL store, counting the claims of due deliveries made through it."""
+    """The SQL store, counting the claims of due deliveries, and the reads of one review,
+    made through it."""
 
     claims = 0
+    reads = 0
+
+    async def get(self, approval_id: str) -> ApprovalRecord:
+        self.reads += 1
+        return await super().get(approval_id)
 
     async def claim_deliveries(
         self, *, worker: str, lease: float = 60.0, limit: int = 50
@@ -103,6 +109,7 @@ async def test_the_lane_delivers_what_it_announces_without_claiming_it(store: Co
         await drained(dispatcher)
     assert channel.sent == ["rec:ops"] * 5
     assert store.claims == 1
+    assert store.reads == 0  # each delivered with its review as its announcement read it
     [delivery] = await store.deliveries(first.approval_id)
     assert (delivery.status, delivery.attempts, delivery.claimed_by) == ("sent", 1, None)
 
