@@ -1,8 +1,8 @@
 """The workers' outbox lane delivers what it announces without claiming it, or reading the
 review again (`Dispatcher.start_step`): an announcement makes the deliveries due at once
-claimed by the announcing worker. It claims only when something else may be due: a failed attempt due
-again, a delivery a channel made while delivering, or, every `claim_every` seconds, what
-other processes left due."""
+claimed by the announcing worker. It claims only when something else may be due: a failed
+attempt due again, a delivery a channel made while delivering, or, every `claim_every`
+seconds, what other processes left due."""
 
 from __future__ import annotations
 
