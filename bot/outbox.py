@@ -6,9 +6,8 @@ what is due (`Channel.deliver`). The deliveries an announcement makes due at onc
 claimed by the announcing worker, which delivers them without claiming them; the claims of
 due deliveries are for the rest (failed attempts due again, deliveries due later, those of a
 worker that died, those a channel made while delivering). A failed attempt is due again after
-a backoff (1 s, doubling,
-at most `max_backoff`, or the channel's own `retry_after`); a channel that says it never will
-deliver (`DeliveryError(permanent=True)`) gives the delivery up, and the events say so.
+a backoff (1 s, doubling, at most `max_backoff`, or the channel's own `retry_after`); a
+channel that says it never will deliver (`DeliveryError(permanent=True)`) gives the delivery up, and the events say so.
 Nothing is lost: every delivery stays in the store until it is sent or given up.
 """
 
@@ -152,8 +151,8 @@ class Dispatcher:
         self._last: dict[str, asyncio.Task[bool]] = {}
         """The last delivery started of each review that has one still going."""
         self._claim_wanted = True
-        """Whether the lane's next step claims whatever its last claim: that claim was
-        full, or a delivery since may have made deliveries or failed."""
+        """Whether the lane's next step claims, however long ago its last claim was: that
+        claim was full, or a delivery since may have made deliveries, or answers were made."""
         self._claimed_at = -claim_every
         """The event loop's time of the last claim."""
         self._later: list[datetime] = []
