@@ -7,8 +7,9 @@ claimed by the announcing worker, which delivers them without claiming them; the
 due deliveries are for the rest (failed attempts due again, deliveries due later, those of a
 worker that died, those a channel made while delivering). A failed attempt is due again after
 a backoff (1 s, doubling, at most `max_backoff`, or the channel's own `retry_after`); a
-channel that says it never will deliver (`DeliveryError(permanent=True)`) gives the delivery up, and the events say so.
-Nothing is lost: every delivery stays in the store until it is sent or given up.
+channel that says it never will deliver (`DeliveryError(permanent=True)`) gives the delivery
+up, and the events say so. Nothing is lost: every delivery stays in the store until it is
+sent or given up.
 """
 
 from __future__ import annotations
