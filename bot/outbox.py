@@ -252,6 +252,20 @@ class Dispatcher:
         self._claim_wanted = len(claimed) >= DELIVERY_BATCH
         return claimed
 
+    async def announce_opened(self, records: Sequence[ApprovalRecord]) -> int:
+        """Announce reviews this process has just opened, as the caller read them (no read of
+        what is unannounced), and start delivering what that makes due at once; how many
+        deliveries were started. A review announced meanwhile by another step is not
+        announced twice (the store makes a review's deliveries once). Raises what the store
+        raises; what is left unannounced, the lane's next step finds."""
+        made = await asyncio.gather(
+            *(self._announce(Announcement(record, "request"), True) for record in records)
+        )
+        held = [pair for pairs in made for pair in pairs]
+        for delivery, record in held:
+            self._start(delivery, record)
+        return len(held)
+
     async def announce(self) -> int:
         """Make the deliveries of every review with something to announce, none of them
         claimed; how many."""

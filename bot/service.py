@@ -32,6 +32,7 @@ from nodbot.bot.outbox import Channel, Dispatcher, OutboxStore
 from nodbot.bot.policy import RulesPort, rules_executor
 from nodbot.core import (
     Agent,
+    ApprovalRecord,
     Executor,
     RunConflict,
     RunRecord,
@@ -179,6 +180,8 @@ class BotService:
         self._expiry_looked = float("-inf")
         """When (the loop's clock) the runs' lane last looked for reviews past their deadline."""
         self._unanswered: set[str] = set()
+        self._announcing: set[asyncio.Task[None]] = set()
+        """The announcements of reviews just opened still going (`_announce_opened`)."""
         self.health = WorkerHealth()
         """How the workers are doing, for /healthz and /readyz."""
         self._hosted_runs: HostedRuns | None = None
@@ -203,14 +206,24 @@ class BotService:
     ) -> RunRecord:
         """Start a run of `agent` on `text` and take it as far as it goes without a person;
         `started_by` who started it for `requested_by`, when another did."""
+        run, _ = await self.begin_run(agent, text, requested_by, started_by=started_by)
+        return run
+
+    async def begin_run(
+        self, agent: str, text: str, requested_by: str | None, *, started_by: str | None = None
+    ) -> tuple[RunRecord, list[ApprovalRecord] | None]:
+        """`start_run`, and the reviews the run waits for when its first step paused it, as
+        read once for the caller to show (None: not read). While the workers run, those
+        reviews are announced at once, with the records read (`Dispatcher.announce_opened`),
+        instead of by the outbox lane's next read of what is unannounced."""
         if agent in self.hosted and self._hosted_runs is not None:
             run = await self._hosted_runs.start(
                 agent, self.hosted[agent], text, requested_by, started_by=started_by
             )
             self.counters["runs_started"] += 1
             self._changed(run.run_id)
-            self._poke()  # its calls may wait for review now: announce them
-            return run
+            self._outbox_wake.set()  # its calls may wait for review now: announce them
+            return run, None
         chosen = self.agent(agent)
         # A draft: the run, the reviews its first step opens and the step's save are written
         # in one transaction (with a SQL store), by the save.
@@ -230,8 +243,38 @@ class BotService:
         except BaseException:
             self.store.forget_draft(run.run_id)  # never saved, so never written
             raise
-        self._poke()  # its calls may wait for review now: announce them
-        return run
+        if run.status != "waiting":
+            self._outbox_wake.set()  # what the step decided: the lane announces it
+            return run, None
+        try:
+            reviews = await self.store.list(run_id=run.run_id)
+        except BaseException:
+            self._outbox_wake.set()  # the lane announces what it opened
+            raise
+        pending = [record for record in reviews if record.status == "pending"]
+        if len(pending) < len(reviews) or not self._announce_opened(pending):
+            self._outbox_wake.set()  # a review decided already, or no workers: the lane
+        return run, pending
+
+    def _announce_opened(self, records: list[ApprovalRecord]) -> bool:
+        """Announce reviews just opened, in a task of their own (the caller answers
+        meanwhile), while the workers run; whether it was started. On a failure the outbox
+        lane is woken, which finds what is left unannounced."""
+        if not self.health.running or not records:
+            return False  # no workers (`nodbot runs start`): whoever runs them announces
+        task = asyncio.get_running_loop().create_task(self._announcing_opened(records))
+        self._announcing.add(task)
+        task.add_done_callback(self._announcing.discard)
+        return True
+
+    async def _announcing_opened(self, records: list[ApprovalRecord]) -> None:
+        try:
+            await self.dispatcher.announce_opened(records)
+        except Exception:
+            log.warning(
+                "new reviews could not be announced at once; the outbox lane will", exc_info=True
+            )
+            self._outbox_wake.set()
 
     def run_changes(self, run_id: str) -> asyncio.Event:
         """An event set the next time this process moves the run on (`GET /runs/{id}?wait`);
@@ -366,6 +409,8 @@ class BotService:
                 outbox = self.dispatcher.start_step  # deliveries go on beside the next steps
                 lanes.create_task(self._lane(stop, self._outbox_wake, outbox, "outbox"))
         finally:
+            while self._announcing:  # they start deliveries: before those are drained
+                await asyncio.wait(list(self._announcing))
             await self.dispatcher.drain()  # the deliveries under way end before the channels
 
     async def _move_and_tell(self) -> None:

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Literal, Protocol, TypeAlias, runtime_checkable
 
@@ -73,6 +73,9 @@ class RunRecord:
     started_by: str | None = None
     """Who started the run for `requested_by`, when someone else did (a token with
     `runs:write-as`): they may not approve its calls either."""
+    pending: int | None = field(default=None, compare=False)
+    """How many reviews of its calls were pending when the store read the run (`get_run` of a
+    SQL store); None when not read with it. Not compared: it is a reading, not the run."""
 
 
 _Runs: TypeAlias = list[RunRecord]

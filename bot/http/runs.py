@@ -34,7 +34,7 @@ from nodbot.bot.http.common import json_body, json_response, parse
 from nodbot.bot.http.schemas import ApprovalView
 from nodbot.bot.people import People
 from nodbot.bot.service import BotService, UnknownAgentError
-from nodbot.core import RunNotFound, RunRecord, RunStatus, ToolMessage
+from nodbot.core import ApprovalRecord, RunNotFound, RunRecord, RunStatus, ToolMessage
 
 __all__ = ["MAX_WAIT", "RunBody", "RunQuery", "RunView", "ToolResultView", "run_routes"]
 
@@ -108,10 +108,12 @@ def run_routes(service: BotService, tokens: TokenTable) -> list[Route]:
                 raise missing_scope("runs:write-as", " needed to start a run for someone else")
             requester, starter = body.requested_by, token.name
         try:
-            run = await service.start_run(body.agent, body.input, requester, started_by=starter)
+            run, pending = await service.begin_run(
+                body.agent, body.input, requester, started_by=starter
+            )
         except UnknownAgentError as exc:
             raise ApiError(422, str(exc), details={"agent": exc.agent}) from None
-        return json_response(await _view(service, run), status=201)
+        return json_response(await _view(service, run, pending), status=201)
 
     async def show(request: Request) -> Response:
         tokens.require(request, "approvals:read")
@@ -146,8 +148,17 @@ def _settled(view: RunView) -> bool:
     )
 
 
-async def _view(service: BotService, run: RunRecord) -> RunView:
-    pending = await service.store.list(run_id=run.run_id, status="pending")
+async def _view(
+    service: BotService, run: RunRecord, pending: list[ApprovalRecord] | None = None
+) -> RunView:
+    """The view of `run`; `pending`: the reviews it waits for, when the caller has read them."""
+    if pending is None:
+        # None of them pending, as the run was read: nothing to list.
+        pending = (
+            []
+            if run.pending == 0
+            else await service.store.list(run_id=run.run_id, status="pending")
+        )
     return RunView(
         run_id=run.run_id,
         agent=run.agent,

@@ -273,7 +273,8 @@ WITH run AS (
     SELECT approval_id, 'created', created_at, requested_by, NULL, '{{}}', NULL FROM inserted
 )
 SELECT {RUN_COLUMNS} FROM run"""
-_SELECT_RUN = f"SELECT {RUN_COLUMNS} FROM runs WHERE run_id = $1"
+_GET_RUN = f"SELECT {RUN_COLUMNS}, pending FROM runs WHERE run_id = $1"
+"""A run with how many of its reviews are pending (`RunRecord.pending`)."""
 _SAVE_RUN = f"""
 UPDATE runs SET status = $3, messages = $4, final_text = $5, error = $6, updated_at = $7,
     version = version + 1, claimed_by = NULL, lease_until = NULL
@@ -634,7 +635,7 @@ class PostgresBackend:
             return None  # a run with this id exists
 
     async def get_run(self, run_id: str) -> Row | None:
-        return await self._one(_SELECT_RUN, run_id)
+        return await self._one(_GET_RUN, run_id)
 
     async def save_run(
         self, run_id: str, version: int, values: Row, spent: Sequence[tuple[str, str]] = ()

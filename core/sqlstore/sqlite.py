@@ -140,6 +140,8 @@ _INSERT_RUN = (
 # Each review made pending, or decided, moves its run's count (when the run is in `runs`).
 _COUNT_PENDING = "UPDATE runs SET pending = pending + ? WHERE run_id = ?"
 _SELECT_RUN = f"SELECT {RUN_COLUMNS} FROM runs WHERE run_id = ?"
+_GET_RUN = f"SELECT {RUN_COLUMNS}, pending FROM runs WHERE run_id = ?"
+"""A run with how many of its reviews are pending (`RunRecord.pending`)."""
 _SAVE_RUN = (
     "UPDATE runs SET status = ?, messages = ?, final_text = ?, error = ?, updated_at = ?, "
     "version = version + 1, claimed_by = NULL, lease_until = NULL "
@@ -631,7 +633,15 @@ class SqliteBackend:
         return await self._transaction(work)
 
     async def get_run(self, run_id: str) -> Row | None:
-        return _run_row(await self._patiently(lambda: self._fetch_run(self._db, run_id)))
+        def read() -> Sequence[Any] | None:
+            found: Sequence[Any] | None = self._db.execute(_GET_RUN, (run_id,)).fetchone()
+            return found
+
+        found = await self._patiently(read)
+        if found is None:
+            return None
+        row = _run_row(found[:-1])
+        return None if row is None else {**row, "pending": found[-1]}
 
     async def save_run(
         self, run_id: str, version: int, values: Row, spent: Sequence[tuple[str, str]] = ()

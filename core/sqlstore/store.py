@@ -660,6 +660,7 @@ def _run(row: Row, messages: list[Message] | None = None) -> RunRecord:
         claimed_by=row["claimed_by"],
         lease_until=row["lease_until"],
         started_by=row["started_by"],
+        pending=row.get("pending"),
     )
 
 
