@@ -51,6 +51,7 @@ bench: $(VENV)/.bench-installed
 	$(BIN)/python bench/cycle.py
 	$(BIN)/python bench/list_pending.py
 	$(BIN)/python bench/bot.py
+	$(BIN)/python bench/counts.py
 	$(BIN)/python bench/requests.py
 	$(BIN)/python bench/slack.py
 	$(BIN)/python bench/mail.py

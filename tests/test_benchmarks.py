@@ -96,6 +96,17 @@ def test_the_open_reviews_benchmark_runs_and_reports_every_figure() -> None:
     assert "sqlite open reviews 0 -> 20: p50 ratio =" in done.stdout, done.stdout
 
 
+def test_the_counts_benchmark_counts_the_store_work_of_each_approval() -> None:
+    command = [sys.executable, "bench/counts.py", "--runs", "2", "--warmup", "0", "--sqlite-only"]
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    for figure in ("[sqlite] per approval, 2 approvals", "store operations", "insert_run"):
+        assert figure in done.stdout, done.stdout
+    # Each approval writes its run and reviews once, and the statements were traced.
+    assert "    insert_run             1.00" in done.stdout, done.stdout
+    assert "SQLite statements" in done.stdout and "write transactions" in done.stdout
+
+
 def test_every_benchmark_starts_from_its_own_folder() -> None:
     # `python bench/x.py` puts bench/ first on sys.path: a script named like a module that
     # something imports (bench/email.py once shadowed the standard library's email) breaks
