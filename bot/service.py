@@ -51,6 +51,10 @@ log = logging.getLogger(__name__)
 
 CLAIM_BATCH = 10
 """Runs claimed at once by a worker, and moved on side by side."""
+ADVANCING_MOST = 32
+"""Runs the workers' runs lane moves on at once, each in a task of its own: a run made ready
+while others are moving on (their tools running, their saves on the way) is claimed and
+started at once, not after the slowest of them."""
 
 
 class BotStore(OutboxStore, RunStore, Protocol):
@@ -181,6 +185,12 @@ class BotService:
         """When (the loop's clock) the runs' lane last looked for reviews past their deadline."""
         self._unanswered: set[str] = set()
         self._announcing: set[asyncio.Task[None]] = set()
+        self._advancing: set[asyncio.Task[None]] = set()
+        """The runs the runs lane is moving on (`_advance_in_lane`)."""
+        self._full = False
+        """The lane left ready runs unclaimed, having `ADVANCING_MOST` moving on already."""
+        self._lane_failure: StoreError | None = None
+        """A database failure of a run the lane moved on, which its next step raises."""
         """The announcements of reviews just opened still going (`_announce_opened`)."""
         self.health = WorkerHealth()
         """How the workers are doing, for /healthz and /readyz."""
@@ -326,15 +336,11 @@ class BotService:
             await self.dispatcher.step()
         return advanced
 
-    async def _move_runs(self, *, lane: bool = False) -> tuple[bool, int]:
-        """Time out overdue reviews and continue every ready run: whether any timed out, and
-        how many runs were continued. In the workers' lane, overdue reviews are looked for
-        at most every `EXPIRY_EVERY` seconds."""
-        expired = False
-        now = asyncio.get_running_loop().time()
-        if not lane or now - self._expiry_looked >= EXPIRY_EVERY:
-            self._expiry_looked = now
-            expired = bool(await self.store.expire_due())
+    async def _move_runs(self) -> tuple[bool, int]:
+        """Time out overdue reviews and continue every ready run, until each has moved on:
+        whether any timed out, and how many runs were continued (`step`; the workers' lane
+        is `_move_and_tell`)."""
+        expired = bool(await self.store.expire_due())
         if expired:
             log.info("reviews timed out")
             self._decided()
@@ -409,15 +415,63 @@ class BotService:
                 outbox = self.dispatcher.start_step  # deliveries go on beside the next steps
                 lanes.create_task(self._lane(stop, self._outbox_wake, outbox, "outbox"))
         finally:
+            while self._advancing:  # the runs moving on end (their tools return) first
+                await asyncio.wait(list(self._advancing))
             while self._announcing:  # they start deliveries: before those are drained
                 await asyncio.wait(list(self._announcing))
             await self.dispatcher.drain()  # the deliveries under way end before the channels
 
     async def _move_and_tell(self) -> None:
+        """The runs lane's step: time-outs, the runs left to try again, then the ready runs
+        claimed and each started in a task of its own (`_advance_in_lane`), which tells the
+        outbox when it has moved its run on. A task's database failure fails the next step
+        (so the lane backs off, and `/healthz` says so), which tries the run again."""
         await self._listen()
-        expired, advanced = await self._move_runs(lane=True)
-        if expired or advanced:
-            self._outbox_wake.set()  # outcomes, and the reviews of runs that paused again
+        failure, self._lane_failure = self._lane_failure, None
+        if failure is not None:
+            raise failure
+        now = asyncio.get_running_loop().time()
+        if now - self._expiry_looked >= EXPIRY_EVERY:
+            self._expiry_looked = now
+            if await self.store.expire_due():
+                log.info("reviews timed out")
+                self._decided()
+                self._outbox_wake.set()  # their outcomes
+        if self._unsaved or self._unanswered:
+            await self._again()
+            self._outbox_wake.set()  # what those steps and answers made
+        while (room := ADVANCING_MOST - len(self._advancing)) > 0:
+            limit = min(CLAIM_BATCH, room)
+            claimed = await self.store.claim_ready(
+                worker=self.worker, lease=self.lease, limit=limit
+            )
+            for run in claimed:
+                task = asyncio.get_running_loop().create_task(self._advance_in_lane(run))
+                self._advancing.add(task)
+                task.add_done_callback(self._advanced)
+            if len(claimed) < limit:
+                return  # that was every ready run; runs ready later wake the lane again
+        self._full = True  # more may be ready: the lane looks again when a task ends
+
+    async def _advance_in_lane(self, run: RunRecord) -> None:
+        try:
+            await self._advance(run)
+        except StoreError as exc:
+            # Tried again (`_again`) by the next step, which this failure fails first.
+            self._lane_failure = self._lane_failure or exc
+            self._wake.set()
+            return
+        except Exception:
+            log.exception("run %s could not go on", run.run_id)
+            return
+        self.counters["runs_advanced"] += 1
+        self._outbox_wake.set()  # outcomes, answers, and the reviews of runs that paused again
+
+    def _advanced(self, task: asyncio.Task[None]) -> None:
+        self._advancing.discard(task)
+        if self._full:
+            self._full = False
+            self._wake.set()  # there is room again: claim what is ready
 
     async def _lane(
         self,

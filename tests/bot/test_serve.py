@@ -17,6 +17,7 @@ from typing import Any
 import httpx
 import pytest
 
+from nodbot.bot import service as service_module
 from nodbot.bot.serve import _listen, serving
 from nodbot.bot.service import BotService
 from nodbot.core import (
@@ -461,11 +462,22 @@ async def test_what_the_bot_holds_from_its_start_is_kept_out_of_full_collections
 # An agent whose refunds wait for the test to let them finish.
 slow_tools = ToolRegistry()
 refunds_may_finish = asyncio.Event()
+"""Made anew for each test by `slow_refunds` (an event belongs to the loop that waits on it)."""
+refunds_started: list[str] = []
+
+
+@pytest.fixture
+def slow_refunds() -> None:
+    """The slow agent's refunds wait for a new `refunds_may_finish`; none started yet."""
+    global refunds_may_finish
+    refunds_may_finish = asyncio.Event()
+    refunds_started.clear()
 
 
 @slow_tools.tool(effects="destructive")
 async def refund(order_id: str, amount: float) -> str:
     """Refund an amount on an order (once the test lets it)."""
+    refunds_started.append(order_id)
     await refunds_may_finish.wait()
     return f"refunded {amount} on {order_id}"
 
@@ -484,10 +496,10 @@ class RefundChat:
 slow_agent = Agent(RefundChat(), slow_tools)
 
 
+@pytest.mark.usefixtures("slow_refunds")
 async def test_a_review_is_posted_while_another_runs_tool_is_still_running(
     tmp_path: Path,
 ) -> None:
-    refunds_may_finish.clear()
     async with receiving() as receiver:
         path = in_process_config(
             tmp_path,
@@ -506,6 +518,90 @@ webhooks:
                 await _post_while_refunding(served.service, receiver)
             finally:
                 refunds_may_finish.set()  # the bot stops only once its tools have returned
+
+
+@pytest.mark.usefixtures("slow_refunds")
+async def test_a_decided_run_goes_on_while_another_runs_tool_is_still_running(
+    tmp_path: Path,
+) -> None:
+    path = in_process_config(
+        tmp_path,
+        """workers: {poll: 60}
+agents:
+  slow: tests.bot.test_serve:slow_agent
+rules:
+  - tool: refund
+    reviewers: [U0123LEADS]
+""",
+    )
+    async with serving(str(path), configure_logs=False) as served:
+        service = served.service
+        try:
+            started_runs = []
+            for order in ("o-1", "o-2"):
+                run = await service.start_run("slow", f"refund {order} 5", requested_by="ana")
+                started_runs.append(run.run_id)
+                [pending] = await service.store.list(run_id=run.run_id, status="pending")
+                await service.store.decide(
+                    pending.approval_id, Decision(approved=True, decided_by="U0123LEADS")
+                )
+                service.decided()
+
+                async def started(order: str = order) -> bool:
+                    return order in refunds_started
+
+                # The first refund is still running: the second run is claimed all the same.
+                await eventually(started, f"the refund of {order} started")
+            assert refunds_started == ["o-1", "o-2"]
+            both = [await service.store.get_run(run_id) for run_id in started_runs]
+            assert [run.status for run in both] == ["running", "running"]  # both refunds wait
+        finally:
+            refunds_may_finish.set()  # the bot stops only once its tools have returned
+
+
+@pytest.mark.usefixtures("slow_refunds")
+async def test_ready_runs_past_the_lanes_room_are_claimed_once_one_ends(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(service_module, "ADVANCING_MOST", 1)  # room for one run at a time
+    path = in_process_config(
+        tmp_path,
+        """workers: {poll: 60}
+agents:
+  slow: tests.bot.test_serve:slow_agent
+rules:
+  - tool: refund
+    reviewers: [U0123LEADS]
+""",
+    )
+    async with serving(str(path), configure_logs=False) as served:
+        service = served.service
+        try:
+            runs = []
+            for order in ("o-1", "o-2"):
+                run = await service.start_run("slow", f"refund {order} 5", requested_by="ana")
+                [pending] = await service.store.list(run_id=run.run_id, status="pending")
+                await service.store.decide(
+                    pending.approval_id, Decision(approved=True, decided_by="U0123LEADS")
+                )
+                runs.append(run.run_id)
+            service.decided()
+
+            async def first_started() -> bool:
+                return refunds_started == ["o-1"]
+
+            await eventually(first_started, "the first refund started")
+            assert (await service.store.get_run(runs[1])).status == "waiting"  # no room
+            refunds_may_finish.set()
+
+            async def both_finished() -> bool:
+                found = [await service.store.get_run(run_id) for run_id in runs]
+                return all(run.status == "finished" for run in found)
+
+            await eventually(both_finished, "the second run claimed once the first ended")
+            assert refunds_started == ["o-1", "o-2"]
+        finally:
+            refunds_may_finish.set()
 
 
 async def _post_while_refunding(service: BotService, receiver: Receiver) -> None:
