@@ -520,11 +520,9 @@ webhooks:
                 refunds_may_finish.set()  # the bot stops only once its tools have returned
 
 
-@pytest.mark.usefixtures("slow_refunds")
-async def test_a_decided_run_goes_on_while_another_runs_tool_is_still_running(
-    tmp_path: Path,
-) -> None:
-    path = in_process_config(
+def _slow_config(tmp_path: Path) -> Path:
+    """The slow agent, its refunds put to review, the workers woken only by this process."""
+    return in_process_config(
         tmp_path,
         """workers: {poll: 60}
 agents:
@@ -534,17 +532,28 @@ rules:
     reviewers: [U0123LEADS]
 """,
     )
-    async with serving(str(path), configure_logs=False) as served:
+
+
+async def _approved_run(service: BotService, order: str) -> str:
+    """A run of the slow agent refunding `order`, its review approved (the workers not told)."""
+    run = await service.start_run("slow", f"refund {order} 5", requested_by="ana")
+    [pending] = await service.store.list(run_id=run.run_id, status="pending")
+    await service.store.decide(
+        pending.approval_id, Decision(approved=True, decided_by="U0123LEADS")
+    )
+    return run.run_id
+
+
+@pytest.mark.usefixtures("slow_refunds")
+async def test_a_decided_run_goes_on_while_another_runs_tool_is_still_running(
+    tmp_path: Path,
+) -> None:
+    async with serving(str(_slow_config(tmp_path)), configure_logs=False) as served:
         service = served.service
         try:
             started_runs = []
             for order in ("o-1", "o-2"):
-                run = await service.start_run("slow", f"refund {order} 5", requested_by="ana")
-                started_runs.append(run.run_id)
-                [pending] = await service.store.list(run_id=run.run_id, status="pending")
-                await service.store.decide(
-                    pending.approval_id, Decision(approved=True, decided_by="U0123LEADS")
-                )
+                started_runs.append(await _approved_run(service, order))
                 service.decided()
 
                 async def started(order: str = order) -> bool:
@@ -564,27 +573,10 @@ async def test_ready_runs_past_the_lanes_room_are_claimed_once_one_ends(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(service_module, "ADVANCING_MOST", 1)  # room for one run at a time
-    path = in_process_config(
-        tmp_path,
-        """workers: {poll: 60}
-agents:
-  slow: tests.bot.test_serve:slow_agent
-rules:
-  - tool: refund
-    reviewers: [U0123LEADS]
-""",
-    )
-    async with serving(str(path), configure_logs=False) as served:
+    async with serving(str(_slow_config(tmp_path)), configure_logs=False) as served:
         service = served.service
         try:
-            runs = []
-            for order in ("o-1", "o-2"):
-                run = await service.start_run("slow", f"refund {order} 5", requested_by="ana")
-                [pending] = await service.store.list(run_id=run.run_id, status="pending")
-                await service.store.decide(
-                    pending.approval_id, Decision(approved=True, decided_by="U0123LEADS")
-                )
-                runs.append(run.run_id)
+            runs = [await _approved_run(service, order) for order in ("o-1", "o-2")]
             service.decided()
 
             async def first_started() -> bool:
