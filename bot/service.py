@@ -185,13 +185,13 @@ class BotService:
         """When (the loop's clock) the runs' lane last looked for reviews past their deadline."""
         self._unanswered: set[str] = set()
         self._announcing: set[asyncio.Task[None]] = set()
+        """The announcements of reviews just opened still going (`_announce_opened`)."""
         self._advancing: set[asyncio.Task[None]] = set()
         """The runs the runs lane is moving on (`_advance_in_lane`)."""
         self._full = False
         """The lane left ready runs unclaimed, having `ADVANCING_MOST` moving on already."""
         self._lane_failure: StoreError | None = None
         """A database failure of a run the lane moved on, which its next step raises."""
-        """The announcements of reviews just opened still going (`_announce_opened`)."""
         self.health = WorkerHealth()
         """How the workers are doing, for /healthz and /readyz."""
         self._hosted_runs: HostedRuns | None = None
