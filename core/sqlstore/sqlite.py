@@ -275,6 +275,8 @@ Link: TypeAlias = tuple[int, str | None]
 """A review's last event as the chain sees it: its `n` and `hash`."""
 NO_LINK: Link = (0, None)
 """Before a review's first event."""
+LINKS_KEPT = 4096
+"""How many reviews' last links a connection remembers (see `SqliteBackend._append`)."""
 
 
 def _created_event(row: Row) -> EventValues:
@@ -307,6 +309,11 @@ class SqliteBackend:
         self._db.row_factory = sqlite3.Row
         self._db.execute("PRAGMA busy_timeout = 0")  # waiting is done in _patiently
         self._db.execute("PRAGMA synchronous = NORMAL")
+        self._links: dict[str, Link] = {}
+        """The last link of each review this connection chained to lately, as committed: the
+        next event of the review is chained to it without reading it (see `_append`)."""
+        self._written: dict[str, Link] = {}
+        """The links the open transaction wrote: kept in `_links` once it commits."""
         self.checkpointer: Checkpointer | None = None
         """What checkpoints the file's log (a file in WAL mode, as the schema check set it;
         None for a database in memory)."""
@@ -328,10 +335,35 @@ class SqliteBackend:
         and return its link. `after` is the review's last link when the caller knows it (a
         new record has none: `NO_LINK`; a second event of the same transaction: what the
         first returned), saving the read of it. Called inside a write transaction, so no
-        other writer can chain to the same link."""
-        if after is None:
-            last = db.execute(_LAST_LINK, (approval_id,)).fetchone()
-            after = NO_LINK if last is None else (last[0], last[1])
+        other writer can chain to the same link.
+
+        Otherwise the link this connection last committed for the review is taken as the
+        last, unread. Another process may have chained to it since: then the event's place
+        is taken, the unique index on (approval_id, n) refuses the insert, and the event is
+        chained again to the last link as read."""
+        if after is not None:
+            return self._insert_event(db, approval_id, at, event, after)
+        known = self._written.get(approval_id) or self._links.get(approval_id)
+        if known is not None:
+            try:
+                return self._insert_event(db, approval_id, at, event, known)
+            except sqlite3.IntegrityError:
+                pass  # chained to by another writer since: read the last link below
+        last = db.execute(_LAST_LINK, (approval_id,)).fetchone()
+        return self._insert_event(
+            db, approval_id, at, event, NO_LINK if last is None else (last[0], last[1])
+        )
+
+    def _insert_event(
+        self,
+        db: sqlite3.Connection,
+        approval_id: str,
+        at: datetime,
+        event: EventValues,
+        after: Link,
+    ) -> Link:
+        """Insert `event` as the link after `after`; remembered as the review's last link
+        once the transaction commits."""
         n, prev = after[0] + 1, after[1]
         kind, actor, channel, text, person = event
         stored = _text(at)  # the message has a T where the column has a space
@@ -341,7 +373,8 @@ class SqliteBackend:
         )
         values = (approval_id, kind, stored, actor, person, channel, text, n, prev, digest)
         db.execute(_EVENT, values)
-        return n, digest
+        self._written[approval_id] = link = (n, digest)
+        return link
 
     def _insert(self, db: sqlite3.Connection, row: Row, at: datetime) -> Row | None:
         """Insert a new record with its `created` event; None if the call has an active one."""
@@ -370,13 +403,26 @@ class SqliteBackend:
         await self._patiently(lambda: self._db.execute("BEGIN IMMEDIATE"))
         try:
             result = work(self._db)
+            self._db.execute("COMMIT")
         except BaseException:
-            self._db.execute("ROLLBACK")
+            self._written.clear()  # never committed: no event may be chained to them
+            if self._db.in_transaction:
+                self._db.execute("ROLLBACK")
             raise
-        self._db.execute("COMMIT")
+        if self._written:
+            self._remember_links()
         if self.checkpointer is not None:
             self.checkpointer.wrote()
         return result
+
+    def _remember_links(self) -> None:
+        """Keep the links the transaction just committed, and at most `LINKS_KEPT` in all
+        (the oldest remembered are forgotten first: their next event reads its link)."""
+        links = self._links
+        links.update(self._written)
+        self._written.clear()
+        while len(links) > LINKS_KEPT:
+            del links[next(iter(links))]
 
     async def _fetch_one(self, query: str, parameters: Sequence[Any]) -> Row | None:
         return _row(await self._patiently(lambda: self._db.execute(query, parameters).fetchone()))
