@@ -58,6 +58,7 @@ __all__ = [
     "claim_step",
     "consume_refusal",
     "consumed_events",
+    "created_event",
     "delivered_event",
     "detail",
     "digest_bound",
@@ -139,6 +140,11 @@ class EventValues(NamedTuple):
     detail: str
     """A JSON object."""
     person: str | None = None
+
+
+def created_event(row: Row) -> EventValues:
+    """A new review's first event."""
+    return EventValues("created", row["requested_by"], None, "{}")
 
 
 def delivered_event(row: Row, worker: str) -> EventValues:

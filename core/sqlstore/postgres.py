@@ -11,14 +11,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from datetime import datetime
-from typing import Any
+from typing import Any, TypeAlias
 
 import asyncpg
 
-from nodbot.core.audit import FORMAT, hmac_pads
+from nodbot.core.audit import FORMAT, EventHasher, hmac_pads, moment_text
 from nodbot.core.sqlstore.backend import (
     ALREADY_DECIDED,
-    COLUMN_NAMES,
     COLUMNS,
     DELIVERY_COLUMNS,
     NOT_DECIDED,
@@ -32,6 +31,7 @@ from nodbot.core.sqlstore.backend import (
     Row,
     VoteResult,
     claim_step,
+    created_event,
     detail,
     timeout_detail,
 )
@@ -43,8 +43,23 @@ from nodbot.core.tools import canonical_json
 __all__ = ["PostgresBackend"]
 
 
-# The chain (n, prev, hash) is filled in by the events_chain trigger (migration 0007).
+# The chain (n, prev, hash) is filled in by the events_chain trigger (migration 0007)...
 _EVENTS = "INSERT INTO events (approval_id, kind, at, actor, channel, detail, person)"
+# ...unless the statement gives it (migration 0014): the busiest statements chain their events
+# to the review's last link as this store last wrote it (see `ChainLinks`), under the
+# advisory lock the trigger takes (so that the trigger, when it chains another event of the
+# review meanwhile, reads the link after theirs). A place taken meanwhile by another writer
+# is refused by the unique index events_chain; the statement is then made again with its
+# chain values NULL, and the trigger chains its events.
+_CHAINED = f"{_EVENTS[:-1]}, n, prev, hash)"
+CHAIN_LOCK_CLASS = 0x6E6F6462
+"""The first key of the review's advisory lock, the events_chain trigger's (migration 0007)."""
+_LOCKED = f"pg_advisory_xact_lock({CHAIN_LOCK_CLASS}, hashtext(approval_id)) IS NOT NULL"
+# The last link the statement chained (by the statement or by the trigger).
+_LINK = (
+    "(SELECT n FROM logged ORDER BY n DESC LIMIT 1) AS chain_n, "
+    "(SELECT hash FROM logged ORDER BY n DESC LIMIT 1) AS chain_hash"
+)
 _SELECT_ONE = f"SELECT {COLUMNS} FROM approvals WHERE approval_id = $1"
 
 _NEW_COLUMNS = (
@@ -70,13 +85,15 @@ WITH inserted AS (
     ON CONFLICT (run_id, call_id) WHERE finished_at IS NULL DO NOTHING
     RETURNING {COLUMNS}
 ), logged AS (
-    {_EVENTS}
-    SELECT approval_id, 'created', $10::timestamptz, requested_by, NULL, '{{}}', NULL
+    {_CHAINED}
+    SELECT approval_id, 'created', $10::timestamptz, requested_by, NULL, '{{}}', NULL,
+           1, NULL, $15::text
     FROM inserted
+    RETURNING n, hash
 ), {_COUNT_CREATED}
-SELECT {COLUMNS} FROM inserted
+SELECT {COLUMNS}, {_LINK} FROM inserted
 UNION ALL
-SELECT {COLUMNS} FROM approvals
+SELECT {COLUMNS}, NULL, NULL FROM approvals
 WHERE run_id = $2 AND call_id = $3 AND finished_at IS NULL
   AND NOT EXISTS (SELECT 1 FROM inserted)"""
 
@@ -100,21 +117,29 @@ WITH taken AS (
     ON CONFLICT (run_id, call_id) WHERE finished_at IS NULL DO NOTHING
     RETURNING {COLUMNS}
 ), logged AS (
-    {_EVENTS}
-    SELECT approval_id, 'created', $10::timestamptz, requested_by, NULL, '{{}}', NULL
+    {_CHAINED}
+    SELECT approval_id, 'created', $10::timestamptz, requested_by, NULL, '{{}}', NULL,
+           CASE WHEN $17::text IS NOT NULL THEN 1 END, NULL, $17::text
     FROM inserted
     UNION ALL
-    SELECT approval_id, 'consumed', $10::timestamptz, $15::text, 'executor', '{{}}', NULL
-    FROM taken
+    SELECT approval_id, 'consumed', $10::timestamptz, $15::text, 'executor', '{{}}', NULL,
+           CASE WHEN approval_id = $18 THEN $19::integer END,
+           CASE WHEN approval_id = $18 THEN $20::text END,
+           CASE WHEN approval_id = $18 THEN $21::text END
+    FROM taken WHERE {_LOCKED}
     UNION ALL
-    SELECT approval_id, 'finished', $10::timestamptz, NULL, 'executor', $16::text, NULL
-    FROM taken WHERE status = 'denied'
+    SELECT approval_id, 'finished', $10::timestamptz, NULL, 'executor', $16::text, NULL,
+           CASE WHEN approval_id = $18 THEN $19::integer + 1 END,
+           CASE WHEN approval_id = $18 THEN $21::text END,
+           CASE WHEN approval_id = $18 THEN $22::text END
+    FROM taken WHERE status = 'denied' AND {_LOCKED}
+    RETURNING n, hash
 ), {_COUNT_CREATED}
-SELECT 'taken' AS claimed, {COLUMNS} FROM taken
+SELECT 'taken' AS claimed, {COLUMNS}, {_LINK} FROM taken
 UNION ALL
-SELECT 'created', {COLUMNS} FROM inserted
+SELECT 'created', {COLUMNS}, {_LINK} FROM inserted
 UNION ALL
-SELECT 'active', {COLUMNS} FROM approvals
+SELECT 'active', {COLUMNS}, NULL, NULL FROM approvals
 WHERE run_id = $2 AND call_id = $3 AND finished_at IS NULL
   AND NOT EXISTS (SELECT 1 FROM taken) AND NOT EXISTS (SELECT 1 FROM inserted)"""
 
@@ -135,12 +160,16 @@ WITH changed AS (
     WHERE approval_id = $1 AND decision IS NULL
     RETURNING {COLUMNS}
 ), logged AS (
-    {_EVENTS}
+    {_CHAINED}
     SELECT approval_id, 'decided', $4::timestamptz, $5::text, $6::text,
-           $7::text || digest || $8::text, $9::text
-    FROM changed
+           $7::text || digest || $8::text, $9::text,
+           CASE WHEN digest = $10 THEN $11::integer END,
+           CASE WHEN digest = $10 THEN $12::text END,
+           CASE WHEN digest = $10 THEN $13::text END
+    FROM changed WHERE {_LOCKED}
+    RETURNING n, hash
 ), {_COUNT_DECIDED}
-SELECT {COLUMNS} FROM changed {_NOTIFY}"""
+SELECT {COLUMNS}, {_LINK} FROM changed {_NOTIFY}"""
 
 _CONSUME = f"""
 WITH changed AS (
@@ -151,14 +180,17 @@ WITH changed AS (
     WHERE approval_id = $1 AND decided_at IS NOT NULL AND consumed_at IS NULL
     RETURNING {COLUMNS}
 ), logged AS (
-    {_EVENTS}
-    SELECT approval_id, 'consumed', $2::timestamptz, $3::text, 'executor', '{{}}', NULL
-    FROM changed
+    {_CHAINED}
+    SELECT approval_id, 'consumed', $2::timestamptz, $3::text, 'executor', '{{}}', NULL,
+           $5::integer, $6::text, $7::text
+    FROM changed WHERE {_LOCKED}
     UNION ALL
-    SELECT approval_id, 'finished', $2::timestamptz, NULL, 'executor', $4::text, NULL
-    FROM changed WHERE status = 'denied'
+    SELECT approval_id, 'finished', $2::timestamptz, NULL, 'executor', $4::text, NULL,
+           $5::integer + 1, $7::text, $8::text
+    FROM changed WHERE status = 'denied' AND {_LOCKED}
+    RETURNING n, hash
 )
-SELECT {COLUMNS} FROM changed"""
+SELECT {COLUMNS}, {_LINK} FROM changed"""
 
 _FINISH = f"""
 WITH changed AS (
@@ -166,11 +198,13 @@ WITH changed AS (
     WHERE approval_id = $1 AND consumed_at IS NOT NULL AND finished_at IS NULL
     RETURNING {COLUMNS}
 ), logged AS (
-    {_EVENTS}
-    SELECT approval_id, 'finished', $2::timestamptz, NULL, 'executor', $4::text, NULL
-    FROM changed
+    {_CHAINED}
+    SELECT approval_id, 'finished', $2::timestamptz, NULL, 'executor', $4::text, NULL,
+           $5::integer, $6::text, $7::text
+    FROM changed WHERE {_LOCKED}
+    RETURNING n, hash
 )
-SELECT {COLUMNS} FROM changed"""
+SELECT {COLUMNS}, {_LINK} FROM changed"""
 
 # A vote on an undecided review that needs one approval decides it: one statement, with
 # its `voted` and `decided` events in that order (see Act), and no votes to read.
@@ -180,16 +214,23 @@ WITH changed AS (
     WHERE approval_id = $1 AND decision IS NULL AND approvals_required = 1
     RETURNING {COLUMNS}
 ), logged AS (
-    {_EVENTS}
+    {_CHAINED}
     SELECT approval_id, 'voted', $4::timestamptz, $5::text, $6::text,
-           $7::text || digest || $8::text, $9::text
-    FROM changed
+           $7::text || digest || $8::text, $9::text,
+           CASE WHEN digest = $13 THEN $14::integer END,
+           CASE WHEN digest = $13 THEN $15::text END,
+           CASE WHEN digest = $13 THEN $16::text END
+    FROM changed WHERE {_LOCKED}
     UNION ALL
     SELECT approval_id, 'decided', $4::timestamptz, $10::text, $6::text,
-           $11::text || digest || $12::text, $9::text
-    FROM changed
+           $11::text || digest || $12::text, $9::text,
+           CASE WHEN digest = $13 THEN $14::integer + 1 END,
+           CASE WHEN digest = $13 THEN $16::text END,
+           CASE WHEN digest = $13 THEN $17::text END
+    FROM changed WHERE {_LOCKED}
+    RETURNING n, hash
 ), {_COUNT_DECIDED}
-SELECT {COLUMNS} FROM changed {_NOTIFY}"""
+SELECT {COLUMNS}, {_LINK} FROM changed {_NOTIFY}"""
 
 # A refusal: the record as it is, and a `refused` event whose detail depends on its state.
 _REFUSE = f"""
@@ -402,12 +443,110 @@ def _row(record: asyncpg.Record | None) -> Row | None:
     return None if record is None else dict(record)
 
 
+def _linked(record: asyncpg.Record) -> tuple[Row, Link | None]:
+    """A record of a statement that chains (its columns and the `_LINK` it ends with): the
+    row, and the last link it chained (None when it chained nothing)."""
+    row = dict(record)
+    n, digest = row.pop("chain_n"), row.pop("chain_hash")
+    return row, None if n is None or digest is None else (n, digest)
+
+
+Link: TypeAlias = tuple[int, str]
+"""A review's last event as the chain sees it: its `n` and `hash`."""
+
+
+class ChainLinks:
+    """What this store's statements chain a review's next events to: the last link each
+    review got from them lately (with the review's digest, which decisions' details hold),
+    and the review each call was claimed as. Only links that statements returned, so
+    committed, are kept; another writer may have chained to one since (the unique index
+    then refuses the statement, and `forget` drops it)."""
+
+    KEPT = 4096
+    """Reviews (and calls) remembered at most; the oldest are forgotten first."""
+
+    def __init__(self, hasher: EventHasher) -> None:
+        self._hasher = hasher
+        self._last: dict[str, tuple[int, str, str]] = {}
+        self._calls: dict[tuple[str, str], str] = {}
+
+    def learn(self, row: Row, link: Link | None) -> None:
+        """Remember `link` as the last of the review `row` (as a statement returned both)."""
+        if link is None:
+            return
+        approval_id = row["approval_id"]
+        self._last[approval_id] = (*link, row["digest"])
+        self._calls[(row["run_id"], row["call_id"])] = approval_id
+        for kept in (self._last, self._calls):
+            while len(kept) > self.KEPT:
+                del kept[next(iter(kept))]  # type: ignore[arg-type]
+
+    def forget(self, approval_id: str) -> None:
+        self._last.pop(approval_id, None)
+
+    def review_of(self, run_id: str, call_id: str) -> str | None:
+        """The review the call was last claimed as here, if remembered."""
+        return self._calls.get((run_id, call_id))
+
+    def digest(self, approval_id: str) -> str | None:
+        """The review's digest, if its last link is remembered."""
+        last = self._last.get(approval_id)
+        return None if last is None else last[2]
+
+    def first(self, approval_id: str, at: datetime, event: EventValues) -> str:
+        """The hash of a new review's first event."""
+        kind, actor, channel, text, person = event
+        moment = moment_text(at)
+        return self._hasher.hash_at_text(
+            None, 1, approval_id, kind, moment, actor, person, channel, text
+        )
+
+    def after(
+        self, approval_id: str, at: datetime, events: Sequence[EventValues]
+    ) -> tuple[int | None, str | None, list[str | None]]:
+        """The chain of `events` (in order) after the review's last link: the first's n, its
+        prev, and each one's hash; all None when no link is remembered (then the trigger
+        chains them)."""
+        last = self._last.get(approval_id)
+        if last is None:
+            return None, None, [None] * len(events)
+        first, prev = last[0] + 1, last[1]
+        hashes: list[str | None] = []
+        moment = moment_text(at)
+        for n, (kind, actor, channel, text, person) in enumerate(events, start=first):
+            prev = self._hasher.hash_at_text(
+                prev, n, approval_id, kind, moment, actor, person, channel, text
+            )
+            hashes.append(prev)
+        return first, last[1], hashes
+
+
+UNCHAINED: tuple[None, None, list[None]] = (None, None, [None, None])
+"""Chain values of two events that leave the chain to the trigger (`ChainLinks.after`'s
+shape)."""
+
+
+def _flat(chain: tuple[Any, ...]) -> tuple[Any, ...]:
+    """Statement arguments with the hashes of a chain (its last item, a list) spread out."""
+    return (*chain[:-1], *chain[-1])
+
+
+_finished_denied = EventValues("finished", None, "executor", detail("outcome", "denied"))
+"""The event that finishes a denial the moment it is consumed."""
+
+
+def _chain_refused(error: asyncpg.UniqueViolationError) -> bool:
+    """Whether a statement chained to a link another writer had chained to first."""
+    return error.constraint_name == "events_chain"
+
+
 class PostgresBackend:
     """Atomic store operations on a pool of asyncpg connections."""
 
-    def __init__(self, pool: GuardedPool, dsn: str) -> None:
+    def __init__(self, pool: GuardedPool, dsn: str, hasher: EventHasher | None = None) -> None:
         self._pool = pool
         self._dsn = dsn
+        self._links = ChainLinks(hasher or EventHasher())
 
     @classmethod
     async def connect(cls, dsn: str, *, audit_key: str | None = None) -> PostgresBackend:
@@ -416,7 +555,7 @@ class PostgresBackend:
         pool = await GuardedPool.connect(
             dsn, max_size=10, server_settings=chain_settings(audit_key)
         )
-        return cls(pool, dsn)
+        return cls(pool, dsn, EventHasher(audit_key))
 
     async def counts(self) -> dict[str, int]:
         records = await self._pool.fetch(
@@ -432,16 +571,35 @@ class PostgresBackend:
     async def _one(self, query: str, *arguments: Any) -> Row | None:
         return _row(await self._pool.fetchrow(query, *arguments))
 
+    async def _chained(
+        self, query: str, approval_id: str | None, arguments: Callable[[bool], Sequence[Any]]
+    ) -> asyncpg.Record | None:
+        """The record of a statement that chains events: made with `arguments(True)`, the
+        chain values after the review's remembered link, and, if another writer took that
+        place first, made again with `arguments(False)`, the chain left to the trigger."""
+        try:
+            return await self._pool.fetchrow(query, *arguments(True))
+        except asyncpg.UniqueViolationError as error:
+            if not _chain_refused(error):
+                raise
+        if approval_id is not None:
+            self._links.forget(approval_id)
+        return await self._pool.fetchrow(query, *arguments(False))
+
     async def create(self, row: Row, event_at: datetime) -> Row:
-        arguments = _new_arguments(row, event_at)
+        created = self._links.first(row["approval_id"], event_at, created_event(row))
+        arguments = (*_new_arguments(row, event_at), created)
         # One statement inserts the record, or returns the active one when the insert met
         # it. An active record committed after the statement's snapshot is not visible to
         # it: then it is read on its own (and should it have finished since, insert again).
-        active = await self._one(_CREATE, *arguments)
-        while active is None:
+        found = await self._pool.fetchrow(_CREATE, *arguments)
+        while found is None:
             active = await self._one(_ACTIVE, row["run_id"], row["call_id"])
-            if active is None:
-                active = await self._one(_CREATE, *arguments)
+            if active is not None:
+                return active
+            found = await self._pool.fetchrow(_CREATE, *arguments)
+        active, link = _linked(found)
+        self._links.learn(active, link)
         return active
 
     async def claim(
@@ -452,13 +610,31 @@ class PostgresBackend:
         actor: str | None,
     ) -> Claimed:
         row = new_row()
-        arguments = (*_new_arguments(row, event_at), actor, detail("outcome", "denied"))
-        found = await self._pool.fetchrow(_CLAIM, *arguments)
+        denied = detail("outcome", "denied")
+        # A decided record of the call is taken with its events chained after the link of the
+        # review this store last claimed the call as (if the record is that review). A call
+        # claimed here before is seldom made a new record: that one is chained by the trigger.
+        known = self._links.review_of(request.run_id, request.call_id)
+        created = None
+        if known is None:
+            created = self._links.first(row["approval_id"], event_at, created_event(row))
+        arguments = (*_new_arguments(row, event_at), actor, denied, created)
+
+        def chained(remembered: bool) -> tuple[Any, ...]:
+            if known is None or not remembered:
+                return (*arguments, None, *UNCHAINED)
+            taken = (EventValues("consumed", actor, "executor", "{}"), _finished_denied)
+            return (*arguments, known, *self._links.after(known, event_at, taken))
+
+        found = await self._chained(_CLAIM, known, lambda remembered: _flat(chained(remembered)))
         while found is None:
             # The active record was made by a transaction that ended after this statement's
             # snapshot: claim again, now that it can be seen.
-            found = await self._pool.fetchrow(_CLAIM, *arguments)
-        claimed, active = found["claimed"], {name: found[name] for name in COLUMN_NAMES}
+            found = await self._pool.fetchrow(_CLAIM, *_flat(chained(False)))
+        claimed = found["claimed"]
+        active, link = _linked(found)
+        del active["claimed"]
+        self._links.learn(active, link)
         if claimed == "taken":
             return Claimed("taken", active)
         if claimed == "created":
@@ -511,12 +687,23 @@ class PostgresBackend:
     async def decide(self, approval_id: str, act: Act, at: datetime) -> Change:
         bound = act.decided()
         decision, actor = act.decision.model_dump_json(), act.decision.decided_by
-        changed = await self._one(
-            _DECIDE,
+        arguments = (
             *(approval_id, decision, act.status, at, actor, act.channel),
             *(bound.before, bound.after, act.person),
         )
-        if changed is not None:
+
+        def chained(remembered: bool) -> tuple[Any, ...]:
+            digest = self._links.digest(approval_id) if remembered else None
+            if digest is None:
+                return (*arguments, None, None, None, None)
+            event = EventValues("decided", actor, act.channel, bound.text(digest), act.person)
+            first, prev, (hash_,) = self._links.after(approval_id, at, [event])
+            return (*arguments, digest, first, prev, hash_)
+
+        found = await self._chained(_DECIDE, approval_id, chained)
+        if found is not None:
+            changed, link = _linked(found)
+            self._links.learn(changed, link)
             return Change(changed, None)
         refusal = act.refused(ALREADY_DECIDED, actor)
         existing = await self._one(
@@ -537,13 +724,32 @@ class PostgresBackend:
             )  # fmt: skip
 
         voted, decided = act.voted(), act.decided()
-        sole = await self._one(
-            _SOLE_VOTE,
+        arguments = (
             *(approval_id, ballot, act.status, at, actor, act.channel),
             *(voted.before, voted.after, act.person),
             *(act.decision.decided_by, decided.before, decided.after),
         )
-        if sole is not None:
+
+        def chained(remembered: bool) -> tuple[Any, ...]:
+            digest = self._links.digest(approval_id) if remembered else None
+            if digest is None:
+                return (*arguments, None, *_flat(UNCHAINED))
+            events = (
+                EventValues("voted", actor, act.channel, voted.text(digest), act.person),
+                EventValues(
+                    "decided",
+                    act.decision.decided_by,
+                    act.channel,
+                    decided.text(digest),
+                    act.person,
+                ),
+            )
+            return (*arguments, digest, *_flat(self._links.after(approval_id, at, events)))
+
+        found = await self._chained(_SOLE_VOTE, approval_id, chained)
+        if found is not None:
+            sole, link = _linked(found)
+            self._links.learn(sole, link)
             return VoteResult("decided", sole)
         async with self._pool.acquire() as connection, connection.transaction():
             # The row lock makes voters of one approval take turns: each sees the votes before.
@@ -583,8 +789,18 @@ class PostgresBackend:
             return VoteResult("decided", changed)
 
     async def consume(self, approval_id: str, at: datetime, actor: str | None) -> Change:
-        changed = await self._one(_CONSUME, approval_id, at, actor, detail("outcome", "denied"))
-        if changed is not None:
+        arguments = (approval_id, at, actor, detail("outcome", "denied"))
+
+        def chained(remembered: bool) -> tuple[Any, ...]:
+            if not remembered:
+                return (*arguments, *_flat(UNCHAINED))
+            events = (EventValues("consumed", actor, "executor", "{}"), _finished_denied)
+            return (*arguments, *_flat(self._links.after(approval_id, at, events)))
+
+        found = await self._chained(_CONSUME, approval_id, chained)
+        if found is not None:
+            changed, link = _linked(found)
+            self._links.learn(changed, link)
             return Change(changed, None)
         existing = await self._one(
             _REFUSE,
@@ -599,8 +815,20 @@ class PostgresBackend:
         return Change(None, existing)
 
     async def finish(self, approval_id: str, at: datetime, outcome: str) -> Change:
-        changed = await self._one(_FINISH, approval_id, at, outcome, detail("outcome", outcome))
-        if changed is not None:
+        finished = detail("outcome", outcome)
+        arguments = (approval_id, at, outcome, finished)
+
+        def chained(remembered: bool) -> tuple[Any, ...]:
+            if not remembered:
+                return (*arguments, None, None, None)
+            event = EventValues("finished", None, "executor", finished)
+            first, prev, (hash_,) = self._links.after(approval_id, at, [event])
+            return (*arguments, first, prev, hash_)
+
+        found = await self._chained(_FINISH, approval_id, chained)
+        if found is not None:
+            changed, link = _linked(found)
+            self._links.learn(changed, link)
             return Change(changed, None)
         return Change(None, await self.get(approval_id))
 

@@ -41,6 +41,7 @@ from nodbot.core.sqlstore.backend import (
     claim_step,
     consume_refusal,
     consumed_events,
+    created_event,
     delivered_event,
     detail,
     timeout_detail,
@@ -279,10 +280,6 @@ LINKS_KEPT = 4096
 """How many reviews' last links a connection remembers (see `SqliteBackend._append`)."""
 
 
-def _created_event(row: Row) -> EventValues:
-    return EventValues("created", row["requested_by"], None, "{}")
-
-
 def _finished_event(outcome: str) -> EventValues:
     return EventValues("finished", None, "executor", detail("outcome", outcome))
 
@@ -380,7 +377,7 @@ class SqliteBackend:
         """Insert a new record with its `created` event; None if the call has an active one."""
         inserted = _row(db.execute(_INSERT, _new_values(row)).fetchone())
         if inserted is not None:
-            self._append(db, row["approval_id"], at, _created_event(row), after=NO_LINK)
+            self._append(db, row["approval_id"], at, created_event(row), after=NO_LINK)
             db.execute(_COUNT_PENDING, (1, inserted["run_id"]))
         return inserted
 

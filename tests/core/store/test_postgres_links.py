@@ -1,0 +1,104 @@
+"""The PostgreSQL store chains the events of its busiest statements itself, after the link it
+last wrote for the review, instead of leaving every event to the events_chain trigger
+(migration 0014); a link another writer chained to since is refused by the chain's unique
+index, and the statement is made again with the chain left to the trigger (invariant 6)."""
+
+from __future__ import annotations
+
+import asyncpg
+import pytest
+
+from nodbot.core import (
+    ApprovalRequest,
+    Decision,
+    SqlApprovalStore,
+    arguments_digest,
+)
+from nodbot.core.sqlstore.audit import verify
+
+pytestmark = pytest.mark.postgres
+
+KEY = "the audit key, long enough to count"
+REFUSING_TRIGGER = """
+CREATE OR REPLACE FUNCTION nodbot_events_chain() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    RAISE EXCEPTION 'the events_chain trigger ran for a % event', NEW.kind;
+END $$"""
+
+
+def ask(call_id: str, approvals_required: int = 1) -> ApprovalRequest:
+    arguments = {"order_id": "o-7", "amount": 500.0}
+    return ApprovalRequest(
+        "run_1",
+        call_id,
+        "refund",
+        arguments,
+        arguments_digest(arguments),
+        requested_by="carol",
+        approvals_required=approvals_required,
+    )
+
+
+async def kinds(store: SqlApprovalStore, approval_id: str) -> list[str]:
+    return [event.kind for event in await store.events(approval_id)]
+
+
+async def test_an_approval_cycle_chains_its_events_without_the_trigger(postgres_url: str) -> None:
+    async with SqlApprovalStore(postgres_url, audit_key=KEY) as store:
+        connection = await asyncpg.connect(postgres_url)
+        try:
+            await connection.execute(REFUSING_TRIGGER)
+        finally:
+            await connection.close()
+        approved = (await store.claim(ask("c1"))).record.approval_id
+        await store.decide(approved, Decision(approved=True, decided_by="ana"))
+        assert (await store.claim(ask("c1"), actor="worker")).outcome == "taken"
+        await store.finish(approved, outcome="ok")
+        denied = (await store.create(ask("c2"))).approval_id
+        await store.vote(denied, Decision(approved=False, decided_by="bob"), channel="api")
+        await store.consume(denied, actor="worker")
+        assert await kinds(store, approved) == ["created", "decided", "consumed", "finished"]
+        assert await kinds(store, denied) == ["created", "voted", "decided", "consumed", "finished"]
+    assert (await verify(postgres_url, KEY)).ok
+
+
+async def test_a_link_another_store_chained_to_since_is_left_to_the_trigger(
+    postgres_url: str,
+) -> None:
+    async with (
+        SqlApprovalStore(postgres_url, audit_key=KEY) as one,
+        SqlApprovalStore(postgres_url, audit_key=KEY) as other,
+    ):
+        approval_id = (await one.claim(ask("c1"))).record.approval_id
+        # `one` remembers the `created` link; `other` chains two events after it.
+        await other.refuse(approval_id, actor="eve", channel="api", reason="no")
+        await other.refuse(approval_id, actor="eve", channel="api", reason="again")
+        await one.decide(approval_id, Decision(approved=True, decided_by="ana"), channel="api")
+        assert (await one.claim(ask("c1"), actor="worker")).outcome == "taken"
+        await one.finish(approval_id, outcome="ok")
+        assert await kinds(one, approval_id) == [
+            "created",
+            "refused",
+            "refused",
+            "decided",
+            "consumed",
+            "finished",
+        ]
+    assert (await verify(postgres_url, KEY)).ok
+
+
+async def test_a_call_claimed_again_after_it_finished_gets_a_chain_of_its_own(
+    postgres_url: str,
+) -> None:
+    async with SqlApprovalStore(postgres_url) as store:
+        first = (await store.claim(ask("c1"))).record.approval_id
+        await store.decide(first, Decision(approved=False, decided_by="ana"))
+        assert (await store.claim(ask("c1"), actor="worker")).record.finished
+        # The call is known here as `first`, which is finished: a new review is made.
+        second = (await store.claim(ask("c1"))).record.approval_id
+        assert second != first
+        await store.decide(second, Decision(approved=True, decided_by="ana"))
+        assert (await store.claim(ask("c1"), actor="worker")).outcome == "taken"
+        await store.finish(second, outcome="ok")
+        assert await kinds(store, second) == ["created", "decided", "consumed", "finished"]
+    assert (await verify(postgres_url)).ok
