@@ -310,8 +310,11 @@ WITH run AS (
     SELECT * FROM unnest({_REVIEW_ARRAYS})
     RETURNING approval_id, requested_by, created_at
 ), logged AS (
-    {_EVENTS}
-    SELECT approval_id, 'created', created_at, requested_by, NULL, '{{}}', NULL FROM inserted
+    {_CHAINED}
+    SELECT approval_id, 'created', created_at, requested_by, NULL, '{{}}', NULL, 1, NULL,
+           (${len(RUN_COLUMN_NAMES) + len(_NEW_NAMES) + 1}::text[])[
+               array_position(${len(RUN_COLUMN_NAMES) + 1}::text[], approval_id)]
+    FROM inserted
 )
 SELECT {RUN_COLUMNS} FROM run"""
 _GET_RUN = f"SELECT {RUN_COLUMNS}, pending FROM runs WHERE run_id = $1"
@@ -411,8 +414,9 @@ WITH changed AS ({_SETTLE_DELIVERY}
                 ELSE '{{"error":' || $9::text || ',' || {_KIND_AND_TARGET} || '}}' END,
            NULL
     FROM changed WHERE status IN ('sent', 'failed')
+    RETURNING n, hash
 )
-SELECT {DELIVERY_COLUMNS} FROM changed"""
+SELECT {DELIVERY_COLUMNS}, {_LINK} FROM changed"""
 # The progress of a delivery still held: its ref, and nothing else.
 _DELIVERY_PROGRESS = f"""
 UPDATE deliveries SET ref = $3 WHERE seq = $1 AND claimed_by = $2 AND status = 'due'
@@ -480,6 +484,13 @@ class ChainLinks:
         for kept in (self._last, self._calls):
             while len(kept) > self.KEPT:
                 del kept[next(iter(kept))]  # type: ignore[arg-type]
+
+    def advance(self, approval_id: str, link: Link | None) -> None:
+        """Take `link` (a statement's, chained by the trigger) as the last of the review, if
+        the review is remembered."""
+        last = self._last.get(approval_id)
+        if last is not None and link is not None:
+            self._last[approval_id] = (*link, last[2])
 
     def forget(self, approval_id: str) -> None:
         self._last.pop(approval_id, None)
@@ -855,12 +866,20 @@ class PostgresBackend:
         if not reviews:
             return await self._one(_INSERT_RUN, *values, row["run_id"])
         columns = [[review[name] for review in reviews] for name in _NEW_NAMES]
+        # Each review's first event, chained here: the reviews are new, nothing precedes it.
+        created = [
+            self._links.first(review["approval_id"], review["created_at"], created_event(review))
+            for review in reviews
+        ]
         try:
-            return await self._one(_INSERT_RUN_REVIEWED, *values, *columns)
+            inserted = await self._one(_INSERT_RUN_REVIEWED, *values, *columns, created)
         except asyncpg.UniqueViolationError as exc:
             if exc.constraint_name != "runs_run_id_key":
                 raise
             return None  # a run with this id exists
+        for review, hash_ in zip(reviews, created, strict=True):
+            self._links.learn(review, (1, hash_))
+        return inserted
 
     async def get_run(self, run_id: str) -> Row | None:
         return await self._one(_GET_RUN, run_id)
@@ -937,13 +956,15 @@ class PostgresBackend:
         else:
             values = ("due" if retry_at is not None else "failed", None, None, text, retry_at)
         error = canonical_json(text or "")
-        changed = await self._one(_SETTLE_LOGGED, delivery_id, worker, *values, at, error)
-        if changed is None:
-            existing = await self._one(
-                f"SELECT {DELIVERY_COLUMNS} FROM deliveries WHERE seq = $1", delivery_id
-            )
-            return Change(None, existing)
-        return Change(changed, None)
+        found = await self._pool.fetchrow(_SETTLE_LOGGED, delivery_id, worker, *values, at, error)
+        if found is not None:
+            changed, link = _linked(found)
+            self._links.advance(changed["approval_id"], link)
+            return Change(changed, None)
+        existing = await self._one(
+            f"SELECT {DELIVERY_COLUMNS} FROM deliveries WHERE seq = $1", delivery_id
+        )
+        return Change(None, existing)
 
     async def delivery_progress(self, delivery_id: int, worker: str, ref: str) -> Change:
         async with self._pool.acquire() as connection, connection.transaction():

@@ -11,6 +11,8 @@ import pytest
 from nodbot.core import (
     ApprovalRequest,
     Decision,
+    HumanMessage,
+    NewDelivery,
     SqlApprovalStore,
     arguments_digest,
 )
@@ -26,10 +28,10 @@ BEGIN
 END $$"""
 
 
-def ask(call_id: str, approvals_required: int = 1) -> ApprovalRequest:
+def ask(call_id: str, approvals_required: int = 1, run_id: str = "run_1") -> ApprovalRequest:
     arguments = {"order_id": "o-7", "amount": 500.0}
     return ApprovalRequest(
-        "run_1",
+        run_id,
         call_id,
         "refund",
         arguments,
@@ -43,13 +45,18 @@ async def kinds(store: SqlApprovalStore, approval_id: str) -> list[str]:
     return [event.kind for event in await store.events(approval_id)]
 
 
+async def refuse_the_trigger(url: str) -> None:
+    """From now on the events_chain trigger fails the statement of any row it would chain."""
+    connection = await asyncpg.connect(url)
+    try:
+        await connection.execute(REFUSING_TRIGGER)
+    finally:
+        await connection.close()
+
+
 async def test_an_approval_cycle_chains_its_events_without_the_trigger(postgres_url: str) -> None:
     async with SqlApprovalStore(postgres_url, audit_key=KEY) as store:
-        connection = await asyncpg.connect(postgres_url)
-        try:
-            await connection.execute(REFUSING_TRIGGER)
-        finally:
-            await connection.close()
+        await refuse_the_trigger(postgres_url)
         approved = (await store.claim(ask("c1"))).record.approval_id
         await store.decide(approved, Decision(approved=True, decided_by="ana"))
         assert (await store.claim(ask("c1"), actor="worker")).outcome == "taken"
@@ -102,3 +109,49 @@ async def test_a_call_claimed_again_after_it_finished_gets_a_chain_of_its_own(
         await store.finish(second, outcome="ok")
         assert await kinds(store, second) == ["created", "decided", "consumed", "finished"]
     assert (await verify(postgres_url)).ok
+
+
+async def test_a_delivery_chained_by_the_trigger_is_the_link_the_next_decision_follows(
+    postgres_url: str,
+) -> None:
+    """The bot's way: a run's first save writes it with its review, a delivery of the review
+    is settled (its event chained by the trigger, whose link the statement returns), then
+    the review is decided and taken, chained here."""
+    async with SqlApprovalStore(postgres_url, audit_key=KEY) as store:
+        run = await store.draft_run(
+            agent="support", messages=[HumanMessage(content="refund o-7")], worker="w1"
+        )
+        approval_id = (await store.claim(ask("c1", run_id=run.run_id))).record.approval_id
+        await store.save_run(run, status="waiting", messages=run.messages)
+        await store.announce(approval_id, "request", [NewDelivery("request", "webhook:ops")])
+        [delivery] = await store.claim_deliveries(worker="w1")
+        await store.delivered(delivery.delivery_id, worker="w1", ref={"ts": "1.5"})
+        await refuse_the_trigger(postgres_url)
+        await store.vote(approval_id, Decision(approved=True, decided_by="ana"), channel="api")
+        assert (await store.claim(ask("c1", run_id=run.run_id))).outcome == "taken"
+        assert await kinds(store, approval_id) == [
+            "created",
+            "delivered",
+            "voted",
+            "decided",
+            "consumed",
+        ]
+    assert (await verify(postgres_url, KEY)).ok
+
+
+async def test_a_run_s_first_save_chains_its_reviews_without_the_trigger(
+    postgres_url: str,
+) -> None:
+    async with SqlApprovalStore(postgres_url, audit_key=KEY) as store:
+        run = await store.draft_run(
+            agent="support", messages=[HumanMessage(content="refund o-7")], worker="w1"
+        )
+        ids = [
+            (await store.claim(ask(call_id, run_id=run.run_id))).record.approval_id
+            for call_id in ("c1", "c2")
+        ]
+        await refuse_the_trigger(postgres_url)
+        await store.save_run(run, status="waiting", messages=run.messages)
+        for approval_id in ids:
+            assert await kinds(store, approval_id) == ["created"]
+    assert (await verify(postgres_url, KEY)).ok
