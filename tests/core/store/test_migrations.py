@@ -59,5 +59,5 @@ async def test_a_new_sqlite_file_has_small_pages_and_an_older_one_keeps_its_own(
                 ApprovalRequest(run_id="r", call_id="c", tool="t", arguments={}, digest="d")
             )
             assert (await store.get(made.approval_id)).status == "pending"
-    assert page_size(new) == SQLITE_PAGE_SIZE == 1024
+    assert page_size(new) == SQLITE_PAGE_SIZE == 2048
     assert page_size(old) == 4096
