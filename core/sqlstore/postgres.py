@@ -9,7 +9,9 @@ take a second statement.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import collections
+import contextlib
+from collections.abc import Callable, Iterator, Sequence
 from datetime import datetime
 from typing import Any, TypeAlias
 
@@ -467,18 +469,56 @@ class ChainLinks:
     then refuses the statement, and `forget` drops it)."""
 
     KEPT = 4096
-    """Reviews (and calls) remembered at most; the oldest are forgotten first."""
+    """Reviews (and calls, and deliveries) remembered at most; the oldest are forgotten
+    first."""
 
     def __init__(self, hasher: EventHasher) -> None:
         self._hasher = hasher
         self._last: dict[str, tuple[int, str, str]] = {}
         self._calls: dict[tuple[str, str], str] = {}
+        self._deliveries: dict[int, str] = {}
+        self._writing: collections.Counter[str] = collections.Counter()
+
+    def writing(self, approval_id: str | None) -> bool:
+        """Whether a statement of this store that chains an event of the review is on its
+        way: then the review's link is not known until it is back, and a statement made
+        meanwhile leaves its chain to the trigger (which waits for that one's lock) rather
+        than be refused."""
+        return approval_id is not None and approval_id in self._writing
+
+    @contextlib.contextmanager
+    def write(self, approval_id: str | None) -> Iterator[None]:
+        """While a statement that chains an event of the review is on its way."""
+        if approval_id is None:
+            yield
+            return
+        self._writing[approval_id] += 1
+        try:
+            yield
+        finally:
+            self._writing[approval_id] -= 1
+            if not self._writing[approval_id]:
+                del self._writing[approval_id]
+
+    def note_deliveries(self, rows: Sequence[Row]) -> None:
+        """Remember the review of each delivery (a settlement names only the delivery)."""
+        deliveries = self._deliveries
+        for row in rows:
+            deliveries[row["seq"]] = row["approval_id"]
+        while len(deliveries) > self.KEPT:
+            del deliveries[next(iter(deliveries))]
+
+    def review_of_delivery(self, delivery_id: int) -> str | None:
+        return self._deliveries.get(delivery_id)
 
     def learn(self, row: Row, link: Link | None) -> None:
         """Remember `link` as the last of the review `row` (as a statement returned both)."""
         if link is None:
             return
         approval_id = row["approval_id"]
+        last = self._last.get(approval_id)
+        if last is not None and last[0] >= link[0]:
+            return  # a later link came back first (statements of two connections)
         self._last[approval_id] = (*link, row["digest"])
         self._calls[(row["run_id"], row["call_id"])] = approval_id
         for kept in (self._last, self._calls):
@@ -489,7 +529,7 @@ class ChainLinks:
         """Take `link` (a statement's, chained by the trigger) as the last of the review, if
         the review is remembered."""
         last = self._last.get(approval_id)
-        if last is not None and link is not None:
+        if last is not None and link is not None and link[0] > last[0]:
             self._last[approval_id] = (*link, last[2])
 
     def forget(self, approval_id: str) -> None:
@@ -585,17 +625,22 @@ class PostgresBackend:
     async def _chained(
         self, query: str, approval_id: str | None, arguments: Callable[[bool], Sequence[Any]]
     ) -> asyncpg.Record | None:
-        """The record of a statement that chains events: made with `arguments(True)`, the
-        chain values after the review's remembered link, and, if another writer took that
-        place first, made again with `arguments(False)`, the chain left to the trigger."""
-        try:
-            return await self._pool.fetchrow(query, *arguments(True))
-        except asyncpg.UniqueViolationError as error:
-            if not _chain_refused(error):
-                raise
-        if approval_id is not None:
-            self._links.forget(approval_id)
-        return await self._pool.fetchrow(query, *arguments(False))
+        """The record of a statement that chains events of the review `approval_id`: made
+        with `arguments(True)`, the chain values after the review's remembered link, and, if
+        another writer took that place first, made again with `arguments(False)`, the chain
+        left to the trigger; made so at once while another statement of this store chains
+        an event of the review (see `ChainLinks.writing`)."""
+        links = self._links
+        remembered = not links.writing(approval_id)
+        with links.write(approval_id):
+            try:
+                return await self._pool.fetchrow(query, *arguments(remembered))
+            except asyncpg.UniqueViolationError as error:
+                if not remembered or not _chain_refused(error):
+                    raise
+            if approval_id is not None:
+                links.forget(approval_id)
+            return await self._pool.fetchrow(query, *arguments(False))
 
     async def create(self, row: Row, event_at: datetime) -> Row:
         created = self._links.first(row["approval_id"], event_at, created_event(row))
@@ -935,13 +980,17 @@ class PostgresBackend:
         made = await self._pool.fetch(
             _ANNOUNCE, approval_id, kinds, targets, due, at, stage, worker, lease_until
         )
-        return sorted((dict(record) for record in made), key=lambda row: row["seq"])
+        rows = sorted((dict(record) for record in made), key=lambda row: row["seq"])
+        self._links.note_deliveries(rows)
+        return rows
 
     async def claim_deliveries(
         self, worker: str, at: datetime, lease_until: datetime, limit: int
     ) -> list[Row]:
         records = await self._pool.fetch(_CLAIM_DELIVERIES, worker, lease_until, at, limit)
-        return sorted((dict(r) for r in records), key=lambda row: (row["due_at"], row["seq"]))
+        rows = sorted((dict(r) for r in records), key=lambda row: (row["due_at"], row["seq"]))
+        self._links.note_deliveries(rows)
+        return rows
 
     async def settle_delivery(
         self,
@@ -956,7 +1005,10 @@ class PostgresBackend:
         else:
             values = ("due" if retry_at is not None else "failed", None, None, text, retry_at)
         error = canonical_json(text or "")
-        found = await self._pool.fetchrow(_SETTLE_LOGGED, delivery_id, worker, *values, at, error)
+        with self._links.write(self._links.review_of_delivery(delivery_id)):
+            found = await self._pool.fetchrow(
+                _SETTLE_LOGGED, delivery_id, worker, *values, at, error
+            )
         if found is not None:
             changed, link = _linked(found)
             self._links.advance(changed["approval_id"], link)

@@ -5,6 +5,8 @@ index, and the statement is made again with the chain left to the trigger (invar
 
 from __future__ import annotations
 
+import asyncio
+
 import asyncpg
 import pytest
 
@@ -154,4 +156,33 @@ async def test_a_run_s_first_save_chains_its_reviews_without_the_trigger(
         await store.save_run(run, status="waiting", messages=run.messages)
         for approval_id in ids:
             assert await kinds(store, approval_id) == ["created"]
+    assert (await verify(postgres_url, KEY)).ok
+
+
+async def test_statements_of_one_store_on_one_review_at_once_keep_one_chain(
+    postgres_url: str,
+) -> None:
+    """A delivery settled while the review is decided, then taken while its outcome is
+    delivered: the second statement of each pair leaves its chain to the trigger, which
+    waits for the first."""
+    async with SqlApprovalStore(postgres_url, audit_key=KEY) as store:
+        approval_id = (await store.claim(ask("c1"))).record.approval_id
+        targets = [NewDelivery("request", f"webhook:ops{i}") for i in range(3)]
+        await store.announce(approval_id, "request", targets)
+        deliveries = await store.claim_deliveries(worker="w1")
+        vote = store.vote(approval_id, Decision(approved=True, decided_by="ana"), channel="api")
+        settled = [store.delivered(d.delivery_id, worker="w1", ref={}) for d in deliveries]
+        await asyncio.gather(*settled, vote)
+        await store.announce(approval_id, "outcome", [NewDelivery("outcome", "webhook:ops")])
+        [outcome] = await store.claim_deliveries(worker="w1")
+        taken, _ = await asyncio.gather(
+            store.claim(ask("c1")), store.delivered(outcome.delivery_id, worker="w1", ref={})
+        )
+        assert taken.outcome == "taken"
+        await store.finish(approval_id, outcome="ok")
+        found = await kinds(store, approval_id)
+    assert sorted(found) == sorted(
+        ["created", *["delivered"] * 4, "voted", "decided", "consumed", "finished"]
+    )
+    assert found.index("voted") + 1 == found.index("decided")
     assert (await verify(postgres_url, KEY)).ok
