@@ -453,8 +453,8 @@ def _linked(record: asyncpg.Record) -> tuple[Row, Link | None]:
     """A record of a statement that chains (its columns and the `_LINK` it ends with): the
     row, and the last link it chained (None when it chained nothing)."""
     row = dict(record)
-    n, digest = row.pop("chain_n"), row.pop("chain_hash")
-    return row, None if n is None or digest is None else (n, digest)
+    n, hash_ = row.pop("chain_n"), row.pop("chain_hash")
+    return row, None if n is None or hash_ is None else (n, hash_)
 
 
 Link: TypeAlias = tuple[int, str]
@@ -502,11 +502,9 @@ class ChainLinks:
 
     def note_deliveries(self, rows: Sequence[Row]) -> None:
         """Remember the review of each delivery (a settlement names only the delivery)."""
-        deliveries = self._deliveries
         for row in rows:
-            deliveries[row["seq"]] = row["approval_id"]
-        while len(deliveries) > self.KEPT:
-            del deliveries[next(iter(deliveries))]
+            self._deliveries[row["seq"]] = row["approval_id"]
+        _keep_newest(self._deliveries, self.KEPT)
 
     def review_of_delivery(self, delivery_id: int) -> str | None:
         return self._deliveries.get(delivery_id)
@@ -521,9 +519,8 @@ class ChainLinks:
             return  # a later link came back first (statements of two connections)
         self._last[approval_id] = (*link, row["digest"])
         self._calls[(row["run_id"], row["call_id"])] = approval_id
-        for kept in (self._last, self._calls):
-            while len(kept) > self.KEPT:
-                del kept[next(iter(kept))]  # type: ignore[arg-type]
+        _keep_newest(self._last, self.KEPT)
+        _keep_newest(self._calls, self.KEPT)
 
     def advance(self, approval_id: str, link: Link | None) -> None:
         """Take `link` (a statement's, chained by the trigger) as the last of the review, if
@@ -572,7 +569,13 @@ class ChainLinks:
         return first, last[1], hashes
 
 
-UNCHAINED: tuple[None, None, list[None]] = (None, None, [None, None])
+def _keep_newest(kept: dict[Any, Any], most: int) -> None:
+    """Forget the oldest entries of `kept` beyond `most`."""
+    while len(kept) > most:
+        del kept[next(iter(kept))]
+
+
+_UNCHAINED: tuple[None, None, list[None]] = (None, None, [None, None])
 """Chain values of two events that leave the chain to the trigger (`ChainLinks.after`'s
 shape)."""
 
@@ -622,9 +625,15 @@ class PostgresBackend:
     async def _one(self, query: str, *arguments: Any) -> Row | None:
         return _row(await self._pool.fetchrow(query, *arguments))
 
+    def _learned(self, record: asyncpg.Record) -> Row:
+        """The row of a statement that chains (see `_LINK`), its link remembered."""
+        row, link = _linked(record)
+        self._links.learn(row, link)
+        return row
+
     async def _chained(
         self, query: str, approval_id: str | None, arguments: Callable[[bool], Sequence[Any]]
-    ) -> asyncpg.Record | None:
+    ) -> Row | None:
         """The record of a statement that chains events of the review `approval_id`: made
         with `arguments(True)`, the chain values after the review's remembered link, and, if
         another writer took that place first, made again with `arguments(False)`, the chain
@@ -634,13 +643,14 @@ class PostgresBackend:
         remembered = not links.writing(approval_id)
         with links.write(approval_id):
             try:
-                return await self._pool.fetchrow(query, *arguments(remembered))
+                found = await self._pool.fetchrow(query, *arguments(remembered))
             except asyncpg.UniqueViolationError as error:
                 if not remembered or not _chain_refused(error):
                     raise
-            if approval_id is not None:
-                links.forget(approval_id)
-            return await self._pool.fetchrow(query, *arguments(False))
+                if approval_id is not None:
+                    links.forget(approval_id)
+                found = await self._pool.fetchrow(query, *arguments(False))
+        return None if found is None else self._learned(found)
 
     async def create(self, row: Row, event_at: datetime) -> Row:
         created = self._links.first(row["approval_id"], event_at, created_event(row))
@@ -654,9 +664,7 @@ class PostgresBackend:
             if active is not None:
                 return active
             found = await self._pool.fetchrow(_CREATE, *arguments)
-        active, link = _linked(found)
-        self._links.learn(active, link)
-        return active
+        return self._learned(found)
 
     async def claim(
         self,
@@ -678,19 +686,16 @@ class PostgresBackend:
 
         def chained(remembered: bool) -> tuple[Any, ...]:
             if known is None or not remembered:
-                return (*arguments, None, *UNCHAINED)
+                return (*arguments, None, *_flat(_UNCHAINED))
             taken = (EventValues("consumed", actor, "executor", "{}"), _finished_denied)
-            return (*arguments, known, *self._links.after(known, event_at, taken))
+            return (*arguments, known, *_flat(self._links.after(known, event_at, taken)))
 
-        found = await self._chained(_CLAIM, known, lambda remembered: _flat(chained(remembered)))
-        while found is None:
+        active = await self._chained(_CLAIM, known, chained)
+        while active is None:
             # The active record was made by a transaction that ended after this statement's
             # snapshot: claim again, now that it can be seen.
-            found = await self._pool.fetchrow(_CLAIM, *_flat(chained(False)))
-        claimed = found["claimed"]
-        active, link = _linked(found)
-        del active["claimed"]
-        self._links.learn(active, link)
+            active = await self._chained(_CLAIM, None, lambda remembered: chained(False))
+        claimed = active.pop("claimed")
         if claimed == "taken":
             return Claimed("taken", active)
         if claimed == "created":
@@ -756,10 +761,8 @@ class PostgresBackend:
             first, prev, (hash_,) = self._links.after(approval_id, at, [event])
             return (*arguments, digest, first, prev, hash_)
 
-        found = await self._chained(_DECIDE, approval_id, chained)
-        if found is not None:
-            changed, link = _linked(found)
-            self._links.learn(changed, link)
+        changed = await self._chained(_DECIDE, approval_id, chained)
+        if changed is not None:
             return Change(changed, None)
         refusal = act.refused(ALREADY_DECIDED, actor)
         existing = await self._one(
@@ -789,7 +792,7 @@ class PostgresBackend:
         def chained(remembered: bool) -> tuple[Any, ...]:
             digest = self._links.digest(approval_id) if remembered else None
             if digest is None:
-                return (*arguments, None, *_flat(UNCHAINED))
+                return (*arguments, None, *_flat(_UNCHAINED))
             events = (
                 EventValues("voted", actor, act.channel, voted.text(digest), act.person),
                 EventValues(
@@ -802,10 +805,8 @@ class PostgresBackend:
             )
             return (*arguments, digest, *_flat(self._links.after(approval_id, at, events)))
 
-        found = await self._chained(_SOLE_VOTE, approval_id, chained)
-        if found is not None:
-            sole, link = _linked(found)
-            self._links.learn(sole, link)
+        sole = await self._chained(_SOLE_VOTE, approval_id, chained)
+        if sole is not None:
             return VoteResult("decided", sole)
         async with self._pool.acquire() as connection, connection.transaction():
             # The row lock makes voters of one approval take turns: each sees the votes before.
@@ -849,14 +850,12 @@ class PostgresBackend:
 
         def chained(remembered: bool) -> tuple[Any, ...]:
             if not remembered:
-                return (*arguments, *_flat(UNCHAINED))
+                return (*arguments, *_flat(_UNCHAINED))
             events = (EventValues("consumed", actor, "executor", "{}"), _finished_denied)
             return (*arguments, *_flat(self._links.after(approval_id, at, events)))
 
-        found = await self._chained(_CONSUME, approval_id, chained)
-        if found is not None:
-            changed, link = _linked(found)
-            self._links.learn(changed, link)
+        changed = await self._chained(_CONSUME, approval_id, chained)
+        if changed is not None:
             return Change(changed, None)
         existing = await self._one(
             _REFUSE,
@@ -881,10 +880,8 @@ class PostgresBackend:
             first, prev, (hash_,) = self._links.after(approval_id, at, [event])
             return (*arguments, first, prev, hash_)
 
-        found = await self._chained(_FINISH, approval_id, chained)
-        if found is not None:
-            changed, link = _linked(found)
-            self._links.learn(changed, link)
+        changed = await self._chained(_FINISH, approval_id, chained)
+        if changed is not None:
             return Change(changed, None)
         return Change(None, await self.get(approval_id))
 

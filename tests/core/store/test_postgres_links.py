@@ -6,6 +6,7 @@ index, and the statement is made again with the chain left to the trigger (invar
 from __future__ import annotations
 
 import asyncio
+import importlib
 
 import asyncpg
 import pytest
@@ -19,6 +20,7 @@ from nodbot.core import (
     arguments_digest,
 )
 from nodbot.core.sqlstore.audit import verify
+from nodbot.core.sqlstore.postgres import CHAIN_LOCK_CLASS
 
 pytestmark = pytest.mark.postgres
 
@@ -195,3 +197,11 @@ async def test_statements_of_one_store_on_one_review_at_once_keep_one_chain(
     assert chain.index("voted") + 1 == chain.index("decided")
     assert chain[-1] == "finished"
     assert (await verify(postgres_url, KEY)).ok
+
+
+def test_the_statements_take_the_trigger_s_lock() -> None:
+    trigger = importlib.import_module("nodbot.core.sqlstore.migrations.versions.0007_audit_chain")
+    assert CHAIN_LOCK_CLASS == trigger.CHAIN_LOCK_CLASS
+    assert f"pg_advisory_xact_lock({CHAIN_LOCK_CLASS}, hashtext(NEW.approval_id))" in (
+        trigger.POSTGRESQL_CHAIN
+    )
