@@ -333,6 +333,9 @@ class Claimed:
 
     outcome: Literal["pending", "mismatch", "taken", "in_use"]
     row: Row
+    created: bool = False
+    """Whether the claim made the record (`pending`) from the request, just now: the record
+    is then the request as given, nothing to read back from `row`."""
 
 
 @dataclass(frozen=True)

@@ -699,7 +699,7 @@ class PostgresBackend:
         if claimed == "taken":
             return Claimed("taken", active)
         if claimed == "created":
-            return Claimed("pending", active)
+            return Claimed("pending", active, created=True)
         step = claim_step(active, request)
         if step == "pending" or step == "mismatch":
             return Claimed(step, active)

@@ -73,7 +73,7 @@ _NEW = (  # created_at and deadline (8 and 9) are the times
 )
 _INSERT = (
     f"INSERT INTO approvals ({', '.join(_NEW)}) VALUES ({', '.join('?' for _ in _NEW)}) "
-    f"ON CONFLICT (run_id, call_id) WHERE finished_at IS NULL DO NOTHING RETURNING {COLUMNS}"
+    "ON CONFLICT (run_id, call_id) WHERE finished_at IS NULL DO NOTHING RETURNING 1"
 )
 _EVENT = (
     "INSERT INTO events (approval_id, kind, at, actor, person, channel, detail, n, prev, hash) "
@@ -98,10 +98,20 @@ _CONSUME_SET = (
     "outcome = CASE WHEN status = 'denied' THEN 'denied' END"
 )
 _CONSUME_WHERE = "decided_at IS NOT NULL AND consumed_at IS NULL"
-_CONSUME = (
-    f"UPDATE approvals SET {_CONSUME_SET} WHERE approval_id = ? AND {_CONSUME_WHERE} "
-    f"RETURNING {COLUMNS}"
+# A claim takes a decided record of the call as it found it (by status): an approval with
+# `consumed_at` alone, since a SET that names `finished_at` rewrites the record's entry in the
+# partial index approvals_active_call even when the value stays NULL (a page more a cycle).
+_TAKE_WHERE = (
+    "approval_id = ? AND run_id = ? AND call_id = ? AND tool = ? AND digest = ? "
+    f"AND status = ? AND finished_at IS NULL AND {_CONSUME_WHERE} RETURNING {COLUMNS}"
 )
+_TAKE = {
+    "approved": f"UPDATE approvals SET consumed_at = ? WHERE {_TAKE_WHERE}",
+    "denied": (
+        "UPDATE approvals SET consumed_at = ?, finished_at = ?, outcome = 'denied' "
+        f"WHERE {_TAKE_WHERE}"
+    ),
+}
 _FINISH_SET = "finished_at = ?, outcome = ?"
 _FINISH_WHERE = "consumed_at IS NOT NULL AND finished_at IS NULL"
 _FINISH = (
@@ -280,6 +290,12 @@ LINKS_KEPT = 4096
 """How many reviews' last links a connection remembers (see `SqliteBackend._append`)."""
 
 
+def _keep_newest(remembered: dict[Any, Any]) -> None:
+    """Forget the oldest entries of `remembered` (in insertion order) past `LINKS_KEPT`."""
+    while len(remembered) > LINKS_KEPT:
+        del remembered[next(iter(remembered))]
+
+
 def _finished_event(outcome: str) -> EventValues:
     return EventValues("finished", None, "executor", detail("outcome", outcome))
 
@@ -311,6 +327,11 @@ class SqliteBackend:
         next event of the review is chained to it without reading it (see `_append`)."""
         self._written: dict[str, Link] = {}
         """The links the open transaction wrote: kept in `_links` once it commits."""
+        self._decided: dict[tuple[str, str], tuple[str, str]] = {}
+        """The reviews this connection decided lately, by their call (run id, call id): their
+        id and status, so that the call's next claim takes the decision without reading the
+        record first (see `claim`). A hint: a claim that finds the record changed since
+        reads it, as when there is none."""
         self.checkpointer: Checkpointer | None = None
         """What checkpoints the file's log (a file in WAL mode, as the schema check set it;
         None for a database in memory)."""
@@ -374,11 +395,16 @@ class SqliteBackend:
         return link
 
     def _insert(self, db: sqlite3.Connection, row: Row, at: datetime) -> Row | None:
-        """Insert a new record with its `created` event; None if the call has an active one."""
-        inserted = _row(db.execute(_INSERT, _new_values(row)).fetchone())
-        if inserted is not None:
-            self._append(db, row["approval_id"], at, created_event(row), after=NO_LINK)
-            db.execute(_COUNT_PENDING, (1, inserted["run_id"]))
+        """Insert a new record with its `created` event and return it as stored (as `_row`
+        reads it, without reading it); None if the call has an active one."""
+        values = _new_values(row)
+        if db.execute(_INSERT, values).fetchone() is None:
+            return None
+        self._append(db, row["approval_id"], at, created_event(row), after=NO_LINK)
+        db.execute(_COUNT_PENDING, (1, row["run_id"]))
+        inserted = {name: row.get(name) for name in COLUMN_NAMES}  # the rest: NULL
+        inserted["created_at"] = _moment(values[8])  # the times as the columns hold them
+        inserted["deadline"] = None if values[9] is None else _moment(values[9])
         return inserted
 
     async def _patiently(self, attempt: Callable[[], T]) -> T:
@@ -415,11 +441,14 @@ class SqliteBackend:
     def _remember_links(self) -> None:
         """Keep the links the transaction just committed, and at most `LINKS_KEPT` in all
         (the oldest remembered are forgotten first: their next event reads its link)."""
-        links = self._links
-        links.update(self._written)
+        self._links.update(self._written)
         self._written.clear()
-        while len(links) > LINKS_KEPT:
-            del links[next(iter(links))]
+        _keep_newest(self._links)
+
+    def _note_decided(self, row: Row) -> None:
+        """Remember that this connection decided the review `row` (see `_decided`)."""
+        self._decided[row["run_id"], row["call_id"]] = (row["approval_id"], row["status"])
+        _keep_newest(self._decided)
 
     async def _fetch_one(self, query: str, parameters: Sequence[Any]) -> Row | None:
         return _row(await self._patiently(lambda: self._db.execute(query, parameters).fetchone()))
@@ -451,32 +480,60 @@ class SqliteBackend:
         now = _text(event_at)
 
         def work(db: sqlite3.Connection) -> Claimed:
-            # The call's active record is read first (a read, where an UPDATE that finds
-            # nothing would be a write statement for every new review); then it is made, or
-            # taken, or said why it cannot be. The write lock is held throughout, so nothing
-            # changes between these statements.
+            # A call whose review this connection decided is taken at once: most likely its
+            # record is still as the decision left it (else the take finds nothing, and the
+            # claim goes on as any other).
+            decided = self._decided.pop(key, None)
+            if decided is not None:
+                taken = self._take(db, decided, request, now)
+                if taken is not None:
+                    return self._taken(db, taken, event_at, actor)
+            # Otherwise the call's active record is read first (a read, where an UPDATE that
+            # finds nothing would be a write statement for every new review); then it is
+            # made, or taken, or said why it cannot be. The write lock is held throughout, so
+            # nothing changes between these statements.
             active = _row(db.execute(_SELECT_ACTIVE, key).fetchone())
             if active is None:
                 created = self._insert(db, new_row(), event_at)
                 if created is None:  # cannot be: the lock is held and there was none
                     raise AssertionError(f"call {key} has an active record after all")
-                return Claimed("pending", created)
+                return Claimed("pending", created, created=True)
             step = claim_step(active, request)
             if step == "take":
-                approval_id = active["approval_id"]
-                taken = _row(db.execute(_CONSUME, (now, now, approval_id)).fetchone())
+                found = (active["approval_id"], active["status"])
+                taken = self._take(db, found, request, now)
                 if taken is None:  # cannot be: the lock is held and it was decided, unused
-                    raise AssertionError(f"approval {approval_id} was not taken")
-                link = None
-                for event in consumed_events(taken, actor):
-                    link = self._append(db, approval_id, event_at, event, after=link)
-                return Claimed("taken", taken)
+                    raise AssertionError(f"approval {found[0]} was not taken")
+                return self._taken(db, taken, event_at, actor)
             if step == "in_use":
                 refusal = EventValues("refused", actor, "executor", consume_refusal(active))
                 self._append(db, active["approval_id"], event_at, refusal)
             return Claimed(step, active)
 
         return await self._transaction(work)
+
+    @staticmethod
+    def _take(
+        db: sqlite3.Connection, decided: tuple[str, str], request: ApprovalRequest, now: str
+    ) -> Row | None:
+        """Consume the call's active record `decided` (its id and status) if it is still
+        decided and unused and was made for this tool and these arguments; None if not."""
+        approval_id, status = decided
+        statement = _TAKE.get(status)
+        if statement is None:
+            return None
+        moments = (now,) if status == "approved" else (now, now)
+        where = (approval_id, request.run_id, request.call_id, request.tool, request.digest)
+        return _row(db.execute(statement, (*moments, *where, status)).fetchone())
+
+    def _taken(
+        self, db: sqlite3.Connection, taken: Row, event_at: datetime, actor: str | None
+    ) -> Claimed:
+        """The claim that took `taken`, with its events appended."""
+        link = None
+        for event in consumed_events(taken, actor):
+            link = self._append(db, taken["approval_id"], event_at, event, after=link)
+        return Claimed("taken", taken)
 
     async def refuse(self, approval_id: str, at: datetime, event: EventValues) -> bool:
         def work(db: sqlite3.Connection) -> bool:
@@ -541,6 +598,7 @@ class SqliteBackend:
                 decided = act.decided_event(sole["digest"])
                 self._append(db, approval_id, at, decided, after=link)
                 db.execute(_COUNT_PENDING, (-1, sole["run_id"]))
+                self._note_decided(sole)
                 return VoteResult("decided", sole)
             row = _row(db.execute(_SELECT_ONE, (approval_id,)).fetchone())
             if row is None:
@@ -567,6 +625,8 @@ class SqliteBackend:
             )
             db.execute(_COUNT_PENDING, (-1, row["run_id"]))
             self._append(db, approval_id, at, counted.event, after=link)
+            if changed is not None:
+                self._note_decided(changed)
             return VoteResult("decided", changed)
 
         return await self._transaction(work)
@@ -624,6 +684,7 @@ class SqliteBackend:
                     link = self._append(db, approval_id, at, event, after=link)
                 if decides:
                     db.execute(_COUNT_PENDING, (-1, changed["run_id"]))
+                    self._note_decided(changed)
                 return Change(changed, None)
             existing = _row(db.execute(_SELECT_ONE, (approval_id,)).fetchone())
             refused = refusal(existing) if existing is not None else None

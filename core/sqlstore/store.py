@@ -166,10 +166,15 @@ class SqlApprovalStore:
         now = self._clock()
         draft = self._drafts.get(request.run_id) if self._drafts else None
         if draft is not None:  # kept until the run's first save (see drafts.py)
-            step, row = self._drafts.claim(draft, request, _pending_row(request, now))
+            new = _pending_row(request, now)
+            step, row = self._drafts.claim(draft, request, new)
+            if row is new:
+                return Claim(_made(row, request), "pending")
             return Claim(_record(row), step)
         with self._errors():
             claimed = await backend.claim(request, lambda: _new_row(request, now), now, actor)
+        if claimed.created:
+            return Claim(_made(claimed.row, request), "pending")
         return Claim(_record(claimed.row), claimed.outcome)
 
     async def get(self, approval_id: str) -> ApprovalRecord:
@@ -722,6 +727,12 @@ def _pending_row(request: ApprovalRequest, now: datetime) -> Row:
         "finished_at": None,
         "outcome": None,
     }
+
+
+def _made(row: Row, request: ApprovalRequest) -> ApprovalRecord:
+    """The record of the review `row` just made from `request`: the request as given (what
+    `_record` would parse back from the row)."""
+    return ApprovalRecord(row["approval_id"], request, row["created_at"])
 
 
 def _record(row: Row) -> ApprovalRecord:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import replace
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime, timedelta, timezone
 
 import pytest
 
@@ -461,3 +461,25 @@ async def test_counts_by_status(store: ApprovalStore) -> None:
     await store.decide(ids[0], APPROVE)
     await store.decide(ids[1], DENY)
     assert await store.counts() == {"pending": 2, "approved": 1, "denied": 1}
+
+
+async def test_a_review_a_claim_opens_is_the_record_read_back(store: ApprovalStore) -> None:
+    # The record a claim returns is made from the request; it must be what is stored.
+    deadline = datetime(2030, 1, 2, 3, 4, 5, 678901, tzinfo=timezone(timedelta(hours=2)))
+    arguments = {"order_id": "o-7", "amount": 500.0, "note": "ünïcode"}
+    request = ApprovalRequest(
+        "run_1",
+        "c1",
+        "refund",
+        arguments,
+        arguments_digest(arguments),
+        requested_by="ana",
+        deadline=deadline,
+        on_timeout="approve",
+        approvals_required=2,
+        policy={"reviewers": ["bob"]},
+    )
+    claim = await store.claim(request)
+    assert claim.outcome == "pending"
+    assert claim.record == await store.get(claim.record.approval_id)
+    assert claim.record.request.deadline == deadline

@@ -158,3 +158,25 @@ APPROVE = Decision(approved=True, decided_by="ana")
 
 async def _nothing() -> None:
     return None
+
+
+async def test_a_review_a_draft_opens_is_the_record_written(url: str) -> None:
+    # The record a draft's claim returns is made from the request; it must be what is written.
+    async with SqlApprovalStore(url) as store:
+        run = await store.draft_run(
+            agent="support", messages=[HumanMessage(content="refund A-1")], worker="w1"
+        )
+        arguments = {"order_id": "A-1", "amount": 10.0}
+        request = ApprovalRequest(
+            run.run_id,
+            "call_1",
+            "refund",
+            arguments,
+            arguments_digest(arguments),
+            requested_by="ana",
+            policy={"reviewers": ["bob"]},
+        )
+        claim = await store.claim(request)
+        assert claim.outcome == "pending"
+        # Reading the review writes the draft first.
+        assert await store.get(claim.record.approval_id) == claim.record

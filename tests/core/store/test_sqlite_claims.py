@@ -1,0 +1,99 @@
+"""A SQLite connection that decided a review takes the call's next claim of it with one
+statement, without reading the record first; a record changed since by another connection is
+claimed as if nothing were known (invariant 2: a decision runs at most one call)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from nodbot.core import ApprovalRequest, Decision, SqlApprovalStore, arguments_digest
+from nodbot.core.sqlstore.audit import verify
+
+RECORD_READ = "SELECT approval_id, run_id, call_id"
+"""How a statement that reads a whole record begins (`SELECT {COLUMNS} FROM approvals`)."""
+
+
+def ask(call_id: str, amount: float = 500.0, **extra: object) -> ApprovalRequest:
+    arguments = {"order_id": "o-7", "amount": amount}
+    return ApprovalRequest(
+        "run_1",
+        call_id,
+        "refund",
+        arguments,
+        arguments_digest(arguments),
+        **extra,  # type: ignore[arg-type]
+    )
+
+
+@pytest.fixture
+def url(tmp_path: Path) -> str:
+    return f"sqlite:///{tmp_path / 'claims.db'}"
+
+
+def traced(store: SqlApprovalStore) -> list[str]:
+    """The statements `store`'s connection sends from now on."""
+    sent: list[str] = []
+    store._backend._db.set_trace_callback(sent.append)  # type: ignore[union-attr]
+    return sent
+
+
+async def kinds(url: str, approval_id: str) -> list[str]:
+    async with SqlApprovalStore(url) as store:
+        return [event.kind for event in await store.events(approval_id)]
+
+
+@pytest.mark.parametrize("approved", [True, False])
+async def test_a_call_decided_here_is_taken_without_reading_its_record(
+    url: str, approved: bool
+) -> None:
+    async with SqlApprovalStore(url) as store:
+        approval_id = (await store.claim(ask("c1"))).record.approval_id
+        await store.decide(approval_id, Decision(approved=approved, decided_by="ana"))
+        sent = traced(store)
+        claim = await store.claim(ask("c1"), actor="worker")
+        assert claim.outcome == "taken"
+        assert claim.record.consumed_at is not None
+        # A denial runs nothing: it is finished the moment it is taken.
+        assert (claim.record.finished_at is not None) is not approved
+        assert claim.record.outcome == (None if approved else "denied")
+    assert [s for s in sent if s.startswith(RECORD_READ)] == []
+    expected = ["created", "decided", "consumed"] + ([] if approved else ["finished"])
+    assert await kinds(url, approval_id) == expected
+    assert (await verify(url)).ok
+
+
+async def test_a_decision_taken_by_another_connection_since_is_in_use(url: str) -> None:
+    async with SqlApprovalStore(url) as one, SqlApprovalStore(url) as other:
+        approval_id = (await one.claim(ask("c1"))).record.approval_id
+        await one.decide(approval_id, Decision(approved=True, decided_by="ana"))
+        assert (await other.claim(ask("c1"), actor="w2")).outcome == "taken"
+        # `one` decided it, but the decision is spent: the claim is refused.
+        claim = await one.claim(ask("c1"), actor="w1")
+        assert claim.outcome == "in_use"
+        assert claim.record.approval_id == approval_id
+        await other.finish(approval_id, outcome="ok")
+        # Finished: history; the same call asked again opens a new review.
+        again = await one.claim(ask("c1"), actor="w1")
+        assert again.outcome == "pending"
+        assert again.record.approval_id != approval_id
+    assert await kinds(url, approval_id) == [
+        "created",
+        "decided",
+        "consumed",
+        "refused",
+        "finished",
+    ]
+    assert (await verify(url)).ok
+
+
+async def test_a_decided_call_asked_with_other_arguments_is_a_mismatch(url: str) -> None:
+    async with SqlApprovalStore(url) as store:
+        approval_id = (await store.claim(ask("c1"))).record.approval_id
+        await store.decide(approval_id, Decision(approved=True, decided_by="ana"))
+        assert (await store.claim(ask("c1", amount=9999.0))).outcome == "mismatch"
+        # The decision is still there for the call it was made for.
+        taken = await store.claim(ask("c1"))
+        assert taken.outcome == "taken"
+        assert taken.record.approval_id == approval_id
