@@ -71,6 +71,14 @@ deadline: it steps at every decision and new run, and a deadline is kept to with
 time-out is a decision of seconds, not milliseconds) at the cost of one query, not one a
 step."""
 
+ADMIT_LAG = 0.002
+"""Seconds: a new run starts once the event loop runs a callback within this long of its
+scheduling and the store has a database connection free (`BotService.begin_run`)."""
+ADMIT_PAUSE = 0.001
+"""Seconds a new run waiting for its start pauses between two looks."""
+ADMIT_WAIT_MOST = 1.0
+"""Seconds a new run waits for its start at most: a bot that stays busy still starts runs."""
+
 UNHEALTHY_AFTER = 2
 """Failed steps in a row after which the workers count as down (one can be a blip)."""
 
@@ -188,6 +196,8 @@ class BotService:
         """The announcements of reviews just opened still going (`_announce_opened`)."""
         self._advancing: set[asyncio.Task[None]] = set()
         """The runs the runs lane is moving on (`_advance_in_lane`)."""
+        self._starting = asyncio.Lock()
+        """Held by the new run waiting for its start (`_admitted`); the next wait behind it."""
         self._full = False
         """The lane left ready runs unclaimed, having `ADVANCING_MOST` moving on already."""
         self._lane_failure: StoreError | None = None
@@ -225,7 +235,14 @@ class BotService:
         """`start_run`, and the reviews the run waits for when its first step paused it, as
         read once for the caller to show (None: not read). While the workers run, those
         reviews are announced at once, with the records read (`Dispatcher.announce_opened`),
-        instead of by the outbox lane's next read of what is unannounced."""
+        instead of by the outbox lane's next read of what is unannounced.
+
+        A busy bot finishes what it has under way before it starts more: a new run waits for
+        its start while the event loop is behind with its work or the store waits for
+        connections (`_admitted`), so that a decided call runs and a new review is posted
+        without queueing behind the first steps of new runs (each a burst of CPU and
+        database work)."""
+        await self._admitted()
         if agent in self.hosted and self._hosted_runs is not None:
             run = await self._hosted_runs.start(
                 agent, self.hosted[agent], text, requested_by, started_by=started_by
@@ -265,6 +282,28 @@ class BotService:
         if len(pending) < len(reviews) or not self._announce_opened(pending):
             self._outbox_wake.set()  # a review decided already, or no workers: the lane
         return run, pending
+
+    async def _admitted(self) -> None:
+        """Wait until a new run may start: the event loop runs what is ready within
+        `ADMIT_LAG` and the store is not `backlogged` (looked at every `ADMIT_PAUSE`), or
+        `ADMIT_WAIT_MOST` has gone by. New runs wait one at a time, in the order they came;
+        an idle bot starts one after a single turn of its loop. Models and tools that wait
+        on the network keep the loop free, so they hold up nobody's start."""
+        loop = asyncio.get_running_loop()
+        async with self._starting:
+            until = loop.time() + ADMIT_WAIT_MOST
+            while True:
+                asked = loop.time()
+                await asyncio.sleep(0)  # resumed once every callback ready before it has run
+                now = loop.time()
+                if now >= until or (now - asked <= ADMIT_LAG and not self._backlogged()):
+                    return
+                await asyncio.sleep(ADMIT_PAUSE)
+
+    def _backlogged(self) -> bool:
+        """Whether the store's operations wait for a database connection now (a store that
+        does not say never does)."""
+        return bool(getattr(self.store, "backlogged", False))
 
     def _announce_opened(self, records: list[ApprovalRecord]) -> bool:
         """Announce reviews just opened, in a task of their own (the caller answers

@@ -469,6 +469,11 @@ class Backend(Protocol):
         so); returns the function that stops listening."""
         ...
 
+    @property
+    def backlogged(self) -> bool:
+        """Whether operations wait for a connection to the database now."""
+        ...
+
     async def unannounced(self, limit: int) -> list[Row]:
         """Rows (with `announced`) of reviews with something to announce, oldest first."""
         ...

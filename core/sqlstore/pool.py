@@ -81,6 +81,14 @@ class GuardedPool:
         """The tasks waiting for a connection now."""
         return sum(not waiter.done() for waiter in self._waiters)
 
+    @property
+    def saturated(self) -> bool:
+        """Whether the next acquire would wait: every connection is in use (`max_size` of
+        them), or tasks are waiting for one already."""
+        if self._waiters:
+            return self.waiting > 0
+        return not self._idle and self._open >= self._max_size
+
     async def _take(self) -> asyncpg.Connection:
         while True:
             if self._closed:

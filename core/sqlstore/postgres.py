@@ -617,6 +617,10 @@ class PostgresBackend:
         )
         return {record["status"]: record["number"] for record in records}
 
+    @property
+    def backlogged(self) -> bool:
+        return self._pool.saturated
+
     async def listen(self, woken: Callable[[], None]) -> Listening:
         """Call `woken()` whenever any process decides an approval, on a connection made
         again whenever it is lost (`Listener`); returns what stops listening."""

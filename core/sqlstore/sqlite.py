@@ -918,6 +918,10 @@ class SqliteBackend:
         rows = await self._fetch_all(_COUNTS, ())
         return {str(row[0]): int(row[1]) for row in rows}
 
+    @property
+    def backlogged(self) -> bool:
+        return False  # one connection, used without waiting: operations run one by one
+
     async def listen(self, woken: Callable[[], None]) -> Listening:
         # SQLite has no notices between processes: other processes' decisions are found by
         # polling. This process's own decisions wake its workers directly.

@@ -589,6 +589,14 @@ class SqlApprovalStore:
             for status in cast(tuple[ApprovalStatus, ...], ("pending", "approved", "denied"))
         }
 
+    @property
+    def backlogged(self) -> bool:
+        """Whether the store's operations wait for a database connection now (PostgreSQL:
+        every connection of its pool is in use); never on SQLite, whose one connection is
+        used without waiting, nor before the store is open. The bot starts new runs only
+        while it is not (see `BotService`)."""
+        return self._backend is not None and self._backend.backlogged
+
     async def listen(self, woken: Callable[[], None]) -> Listening:
         """Call `woken()` whenever any process decides an approval in this database
         (PostgreSQL's LISTEN/NOTIFY; on SQLite only polling finds other processes'

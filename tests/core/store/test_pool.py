@@ -86,6 +86,22 @@ async def test_at_most_max_size_connections_and_waiters_served_in_turn() -> None
         assert pool.size == 2
 
 
+async def test_saturated_while_every_connection_is_in_use_or_someone_waits() -> None:
+    async with pooled(2) as pool:
+        assert not pool.saturated  # one connection open (connect's), idle
+        release = asyncio.Event()
+        first = await held(pool, release)
+        assert not pool.saturated  # a second may still be opened
+        second = await held(pool, release)
+        assert pool.saturated
+        third = asyncio.create_task(held(pool, release))
+        await until_waiting(pool, 1)
+        assert pool.saturated
+        release.set()
+        await asyncio.wait_for(asyncio.gather(first, second, await third), timeout=10)
+        assert not pool.saturated and pool.waiting == 0
+
+
 async def test_a_connection_the_server_ended_under_a_query_is_replaced() -> None:
     async with postgres_database() as url, pooled(1, url) as pool:
         admin = await asyncpg.connect(url)
