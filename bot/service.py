@@ -75,7 +75,7 @@ ADMIT_LAG = 0.002
 """Seconds: a new run starts once the event loop runs a callback within this long of its
 scheduling and the store has a database connection free (`BotService.begin_run`)."""
 ADMIT_PAUSE = 0.001
-"""Seconds a new run waiting for its start pauses between two looks."""
+"""Seconds a new run waiting for a database connection to come free pauses between looks."""
 ADMIT_WAIT_MOST = 1.0
 """Seconds a new run waits for its start at most: a bot that stays busy still starts runs."""
 
@@ -285,10 +285,12 @@ class BotService:
 
     async def _admitted(self) -> None:
         """Wait until a new run may start: the event loop runs what is ready within
-        `ADMIT_LAG` and the store is not `backlogged` (looked at every `ADMIT_PAUSE`), or
-        `ADMIT_WAIT_MOST` has gone by. New runs wait one at a time, in the order they came;
-        an idle bot starts one after a single turn of its loop. Models and tools that wait
-        on the network keep the loop free, so they hold up nobody's start."""
+        `ADMIT_LAG` and the store is not `backlogged`, or `ADMIT_WAIT_MOST` has gone by.
+        The loop is looked at once a turn of it (a turn of a loop that is behind is long, so
+        the looks cost little), the store every `ADMIT_PAUSE` while the loop is not behind.
+        New runs wait one at a time, in the order they came; an idle bot starts one after a
+        single turn of its loop. Models and tools that wait on the network keep the loop
+        free, so they hold up nobody's start."""
         loop = asyncio.get_running_loop()
         async with self._starting:
             until = loop.time() + ADMIT_WAIT_MOST
@@ -296,7 +298,11 @@ class BotService:
                 asked = loop.time()
                 await asyncio.sleep(0)  # resumed once every callback ready before it has run
                 now = loop.time()
-                if now >= until or (now - asked <= ADMIT_LAG and not self._backlogged()):
+                if now >= until:
+                    return
+                if now - asked > ADMIT_LAG:
+                    continue  # behind: look again after the next turn, which takes as long
+                if not self._backlogged():
                     return
                 await asyncio.sleep(ADMIT_PAUSE)
 
