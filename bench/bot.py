@@ -27,6 +27,10 @@ the tool runs once, `GET /runs/{id}?wait=30` answers when the run has finished. 
    how it is driven). The ratio of approvals/s in each pair of rounds, against >= 20x, and
    of CPU per approval (its server process against the bot's), medians of the rounds.
    `--no-peer` skips it.
+5. Event-loop stalls: every callback the bot's loop runs is timed (`StallMeter`) while the
+   runs one at a time go, and in one more end-to-end round after the measured ones, whose
+   latencies count with theirs under load but whose rate and CPU are not compared (timing
+   each callback costs the bot's process about a microsecond a callback).
 
 Every refund must run exactly once and every review be posted once; the script fails
 otherwise. PostgreSQL is measured on a fresh database on the server named by
@@ -170,7 +174,11 @@ class Measured:
     """awaithumans' figures for the same workload, one per round, each measured right after
     nodbot's round of the same number (SQLite only)."""
     stalls: StallMeter = field(default_factory=lambda: StallMeter())
-    """The event loop while the bot's workloads ran."""
+    """The event loop while the bot's workloads ran: one at a time, and a round of the
+    end-to-end workload of its own (`watched`)."""
+    watched: Throughput | None = None
+    """The end-to-end round the stall meter watched: its latencies count with the rounds'
+    (`loaded`), its rate and CPU do not (the meter's wrapper costs CPU at every callback)."""
 
     @property
     def throughput(self) -> Throughput:
@@ -180,8 +188,9 @@ class Measured:
 
     @property
     def loaded(self) -> list[Latency]:
-        """Every run of every round, timed under the round's load."""
-        return [sample for round_ in self.rounds for sample in round_.latencies]
+        """Every run of every round, the watched one too, timed under the round's load."""
+        rounds = [*self.rounds, *([self.watched] if self.watched is not None else [])]
+        return [sample for round_ in rounds for sample in round_.latencies]
 
     @property
     def cpu_ms(self) -> float:
@@ -634,15 +643,22 @@ async def measure(
             rounds: list[Throughput] = []
             peers: list[PeerFigures] = []
             for number in range(args.rounds):
-                with stalls:  # the bot's loop, not the machine's load while the peer runs
-                    round_ = await throughput(
-                        served.url, args.runs, args.concurrency, f"e2e{number}", args.clients
-                    )
+                round_ = await throughput(
+                    served.url, args.runs, args.concurrency, f"e2e{number}", args.clients
+                )
                 rounds.append(await under_load(round_, receiver))
                 if peer is not None:
                     peers.append(await peer_round(peer, args))
+            # The meter times every callback (thread_time, a system call: about a microsecond
+            # a callback, some 7% of the bot's CPU under this load), so it watches a round of
+            # its own, whose rate and CPU are not the rounds'.
+            with stalls:
+                round_ = await throughput(
+                    served.url, args.runs, args.concurrency, "watched", args.clients
+                )
+            watched = await under_load(round_, receiver)
         deadline = time.monotonic() + WAIT_LIMIT
-        total = args.warmup + (1 + args.rounds) * args.runs
+        total = args.warmup + (2 + args.rounds) * args.runs
         while (report := await receiver.report())[0] < total:  # the last may be on their way
             assert time.monotonic() < deadline, f"{report[0]} of {total} reviews posted"
             await asyncio.sleep(0.01)
@@ -651,7 +667,7 @@ async def measure(
         f"{total} runs, but the tool ran {sum(bot_agent.RUNS.values())} times"
         f" for {len(bot_agent.RUNS)} orders"
     )
-    return Measured(label, latencies, rounds, peers, stalls)
+    return Measured(label, latencies, rounds, peers, stalls, watched)
 
 
 async def peer_round(python: Path, args: argparse.Namespace) -> PeerFigures:
@@ -729,7 +745,7 @@ def print_report(measured: Measured) -> None:
     print_latencies(f"[{measured.store}] one run at a time ({len(samples)} runs)", samples, True)
     print_latencies(
         f"[{measured.store}] under load: {measured.rounds[0].concurrency} runs at once, every"
-        f" run of the {len(measured.rounds)} rounds ({len(loaded)} runs)",
+        f" run of the {len(measured.rounds)} rounds and the watched one ({len(loaded)} runs)",
         loaded,
         False,
     )
