@@ -37,3 +37,10 @@ async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator
             yield await sql.open()
         finally:
             await sql.close()
+
+
+def traced(store: SqlApprovalStore) -> list[str]:
+    """The statements a SQLite `store`'s connection sends from now on."""
+    sent: list[str] = []
+    store._backend._db.set_trace_callback(sent.append)  # type: ignore[union-attr]
+    return sent

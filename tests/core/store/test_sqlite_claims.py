@@ -10,6 +10,7 @@ import pytest
 
 from nodbot.core import ApprovalRequest, Decision, SqlApprovalStore, arguments_digest
 from nodbot.core.sqlstore.audit import verify
+from tests.core.store.conftest import traced
 
 RECORD_READ = "SELECT approval_id, run_id, call_id"
 """How a statement that reads a whole record begins (`SELECT {COLUMNS} FROM approvals`)."""
@@ -30,13 +31,6 @@ def ask(call_id: str, amount: float = 500.0, **extra: object) -> ApprovalRequest
 @pytest.fixture
 def url(tmp_path: Path) -> str:
     return f"sqlite:///{tmp_path / 'claims.db'}"
-
-
-def traced(store: SqlApprovalStore) -> list[str]:
-    """The statements `store`'s connection sends from now on."""
-    sent: list[str] = []
-    store._backend._db.set_trace_callback(sent.append)  # type: ignore[union-attr]
-    return sent
 
 
 async def kinds(url: str, approval_id: str) -> list[str]:

@@ -16,6 +16,7 @@ from nodbot.core import (
     arguments_digest,
 )
 from nodbot.core.sqlstore.audit import verify
+from tests.core.store.conftest import traced
 
 LAST_LINK_READ = "SELECT n, hash FROM events"
 
@@ -35,13 +36,6 @@ def ask(call_id: str, approvals_required: int = 1) -> ApprovalRequest:
 @pytest.fixture
 def url(tmp_path: Path) -> str:
     return f"sqlite:///{tmp_path / 'links.db'}"
-
-
-def traced(store: SqlApprovalStore) -> list[str]:
-    """The statements `store`'s connection sends from now on."""
-    sent: list[str] = []
-    store._backend._db.set_trace_callback(sent.append)  # type: ignore[union-attr]
-    return sent
 
 
 async def chain_of(url: str, approval_id: str) -> list[tuple[int, str]]:
