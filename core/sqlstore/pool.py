@@ -85,9 +85,7 @@ class GuardedPool:
     def saturated(self) -> bool:
         """Whether the next acquire would wait: every connection is in use (`max_size` of
         them), or tasks are waiting for one already."""
-        if self._waiters:
-            return self.waiting > 0
-        return not self._idle and self._open >= self._max_size
+        return self.waiting > 0 or (not self._idle and self._open >= self._max_size)
 
     async def _take(self) -> asyncpg.Connection:
         while True:
