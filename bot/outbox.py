@@ -85,6 +85,9 @@ class Channel(Protocol):
     makes_deliveries: bool
     """Whether a delivery of it may make deliveries of its own (`Outbox.announce`, as Slack's
     request to a user group makes one for each member): after one, the outbox lane claims."""
+    tells_outcomes: bool
+    """Whether it may want deliveries at a review's `outcome` (a bot none of whose channels
+    does leaves the store no outcome stage to announce: `SqlApprovalStore.outcome_stage`)."""
 
     def targets(self, record: ApprovalRecord, stage: Moment) -> list[NewDelivery]:
         """The deliveries this channel wants for the review at this moment: it opened

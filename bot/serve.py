@@ -143,6 +143,9 @@ async def _serving(
             links_base = config.web.public_url or _own_url(listening)
             email_channel = EmailChannel(config.email, store, secret=secret, links_base=links_base)
             channels.append(email_channel)
+        # With no channel to tell a review's outcome, the vote that decides it marks its
+        # outcome announced at once: no second stage for the outbox (a write transaction).
+        store.outcome_stage = any(channel.tells_outcomes for channel in channels)
         service = BotService(
             config, store, agents, channels=channels, registry=registry, hosted=hosted
         )

@@ -100,6 +100,8 @@ class WebhookChannel:
 
     def __init__(self, hooks: Sequence[Webhook], *, session: aiohttp.ClientSession | None = None):
         self.hooks = {hook.name: hook for hook in hooks}
+        self.tells_outcomes = any("approval.decided" in hook.events for hook in hooks)
+        """Whether a hook takes `approval.decided` (the only event of a review's outcome)."""
         self._session = session
         self._own_session = session is None
         """aiohttp, as slack_sdk uses: a fraction of httpx's CPU per POST. Made on the first

@@ -84,6 +84,7 @@ class EmailChannel:
     name = "email"
     answers = False
     makes_deliveries = False
+    tells_outcomes = True
 
     def __init__(
         self,

@@ -147,6 +147,7 @@ class SlackChannel:
     name = "slack"
     answers = True
     makes_deliveries = True
+    tells_outcomes = True
 
     def __init__(
         self,

@@ -404,11 +404,15 @@ class Backend(Protocol):
         (`act.decided_event`); else append `act.refused(ALREADY_DECIDED, ...)`."""
         ...
 
-    async def vote(self, approval_id: str, act: Act, at: datetime) -> VoteResult:
+    async def vote(
+        self, approval_id: str, act: Act, at: datetime, *, outcome_stage: bool = True
+    ) -> VoteResult:
         """In one transaction: refuse a vote on a decided approval or a second vote of the
         same voter (`act.voter`; logging `refused`), else record the vote (its Decision as
         JSON) with a `voted` event and, when `act.count` of all the votes is a decision,
-        record that (`decided`)."""
+        record that (`decided`). Without `outcome_stage`, a sole vote that decides a review
+        whose request stage is announced marks its outcome announced too (`announced` 1 ->
+        2; see `SqlApprovalStore.outcome_stage`)."""
         ...
 
     async def consume(self, approval_id: str, at: datetime, actor: str | None) -> Change:

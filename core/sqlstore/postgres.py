@@ -212,7 +212,8 @@ SELECT {COLUMNS}, {_LINK} FROM changed"""
 # its `voted` and `decided` events in that order (see Act), and no votes to read.
 _SOLE_VOTE = f"""
 WITH changed AS (
-    UPDATE approvals SET decision = $2, status = $3, decided_at = $4
+    UPDATE approvals SET decision = $2, status = $3, decided_at = $4,
+        announced = CASE WHEN NOT $18::boolean AND announced = 1 THEN 2 ELSE announced END
     WHERE approval_id = $1 AND decision IS NULL AND approvals_required = 1
     RETURNING {COLUMNS}
 ), logged AS (
@@ -775,7 +776,9 @@ class PostgresBackend:
         )
         return Change(None, existing)
 
-    async def vote(self, approval_id: str, act: Act, at: datetime) -> VoteResult:
+    async def vote(
+        self, approval_id: str, act: Act, at: datetime, *, outcome_stage: bool = True
+    ) -> VoteResult:
         ballot, voter = act.decision.model_dump_json(), act.voter
         actor = act.decision.decided_by or ""
 
@@ -796,7 +799,7 @@ class PostgresBackend:
         def chained(remembered: bool) -> tuple[Any, ...]:
             digest = self._links.digest(approval_id) if remembered else None
             if digest is None:
-                return (*arguments, None, *_flat(_UNCHAINED))
+                return (*arguments, None, *_flat(_UNCHAINED), outcome_stage)
             events = (
                 EventValues("voted", actor, act.channel, voted.text(digest), act.person),
                 EventValues(
@@ -807,7 +810,8 @@ class PostgresBackend:
                     act.person,
                 ),
             )
-            return (*arguments, digest, *_flat(self._links.after(approval_id, at, events)))
+            after = self._links.after(approval_id, at, events)
+            return (*arguments, digest, *_flat(after), outcome_stage)
 
         sole = await self._chained(_SOLE_VOTE, approval_id, chained)
         if sole is not None:

@@ -124,6 +124,14 @@ _SOLE_VOTE = (
     "UPDATE approvals SET decision = ?, status = ?, decided_at = ? "
     f"WHERE approval_id = ? AND decision IS NULL AND approvals_required = 1 RETURNING {COLUMNS}"
 )
+# The same with no outcome stage to come: the outcome is marked announced once the request
+# is. A statement of its own: naming `announced` in the SET rewrites the review's entry in
+# the partial index approvals_unannounced even when the value stays.
+_SOLE_VOTE_TOLD = (
+    "UPDATE approvals SET decision = ?, status = ?, decided_at = ?, "
+    "announced = CASE WHEN announced = 1 THEN 2 ELSE announced END "
+    f"WHERE approval_id = ? AND decision IS NULL AND approvals_required = 1 RETURNING {COLUMNS}"
+)
 _INSERT_VOTE = "INSERT INTO votes (approval_id, voter, decision, at) VALUES (?, ?, ?, ?)"
 _EXPIRE = (
     "UPDATE approvals SET decision = CASE WHEN on_timeout = 'approve' THEN ? ELSE ? END, "
@@ -586,13 +594,16 @@ class SqliteBackend:
             decides=True,
         )
 
-    async def vote(self, approval_id: str, act: Act, at: datetime) -> VoteResult:
+    async def vote(
+        self, approval_id: str, act: Act, at: datetime, *, outcome_stage: bool = True
+    ) -> VoteResult:
         now = _text(at)
         ballot, voter = act.decision.model_dump_json(), act.voter
         actor = act.decision.decided_by or ""
+        sole_vote = _SOLE_VOTE if outcome_stage else _SOLE_VOTE_TOLD
 
         def work(db: sqlite3.Connection) -> VoteResult:
-            sole = _row(db.execute(_SOLE_VOTE, (ballot, act.status, now, approval_id)).fetchone())
+            sole = _row(db.execute(sole_vote, (ballot, act.status, now, approval_id)).fetchone())
             if sole is not None:  # it needed one approval: this vote decided it (see Act)
                 link = self._append(db, approval_id, at, act.voted_event(sole["digest"]))
                 decided = act.decided_event(sole["digest"])

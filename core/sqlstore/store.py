@@ -112,8 +112,17 @@ class SqlApprovalStore:
         lock_timeout: float = DEFAULT_LOCK_TIMEOUT,
         clock: Clock = utc_now,
         audit_key: str | None = None,
+        outcome_stage: bool = True,
     ) -> None:
         self.url = normalize_url(url)
+        self.outcome_stage = outcome_stage
+        """Whether a decision leaves the review's outcome for the outbox to announce (its
+        second stage: a Slack message updated, an email, an `approval.decided` webhook).
+        A bot none of whose channels tells outcomes sets it False (`nodbot serve` does):
+        the vote that decides a review whose request has gone out then marks the outcome
+        announced in its own statement, a write transaction less an approval. A decision
+        made otherwise (`decide`, a timeout, the last of several votes) still leaves the
+        stage to the outbox, which then makes nothing and marks it, as before."""
         self.auto_migrate = auto_migrate
         self.lock_timeout = lock_timeout
         self._clock = clock
@@ -243,7 +252,9 @@ class SqlApprovalStore:
         backend = await self._ready()
         act = Act(decision, channel, person, evidence)
         with self._errors():
-            outcome = await backend.vote(approval_id, act, self._clock())
+            outcome = await backend.vote(
+                approval_id, act, self._clock(), outcome_stage=self.outcome_stage
+            )
         if outcome.row is None:
             raise ApprovalNotFound(approval_id=approval_id)
         record = _record(outcome.row)

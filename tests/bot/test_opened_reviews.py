@@ -74,6 +74,7 @@ class Recording:
     name = "rec"
     answers = False
     makes_deliveries = False
+    tells_outcomes = False
 
     def __init__(self) -> None:
         self.posted: list[str] = []

@@ -58,6 +58,7 @@ class Recording:
         self.store = store
         self.failures = failures
         self.makes_deliveries = group
+        self.tells_outcomes = False
         self.attempts: dict[str, int] = {}
         self.sent: list[str] = []
 

@@ -28,6 +28,7 @@ class Threaded:
     name = "threaded"
     answers = False
     makes_deliveries = False
+    tells_outcomes = True
 
     def __init__(self) -> None:
         self.release = asyncio.Event()

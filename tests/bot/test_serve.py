@@ -449,6 +449,24 @@ async def test_the_agents_chat_models_send_on_the_bots_one_session(tmp_path: Pat
         assert session.closed  # closed with the bot
 
 
+@pytest.mark.parametrize(
+    ("channels", "outcome_stage"),
+    [
+        ("", False),  # no channel at all
+        ("webhooks:\n  - {name: ops, url: 'http://127.0.0.1:9/hook', secret: HOOK_SECRET,"
+         " events: [approval.pending]}\n", False),
+        ("webhooks:\n  - {name: ops, url: 'http://127.0.0.1:9/hook', secret: HOOK_SECRET}\n",
+         True),  # every event, approval.decided among them
+    ],
+)  # fmt: skip
+async def test_the_store_keeps_an_outcome_stage_only_for_channels_that_tell_outcomes(
+    tmp_path: Path, channels: str, outcome_stage: bool
+) -> None:
+    path = in_process_config(tmp_path, channels.replace("HOOK_SECRET", "s" * 40))
+    async with serving(str(path), configure_logs=False) as served:
+        assert served.service.store.outcome_stage is outcome_stage
+
+
 async def test_what_the_bot_holds_from_its_start_is_kept_out_of_full_collections(
     tmp_path: Path,
 ) -> None:

@@ -37,6 +37,7 @@ class Flaky:
     name = "flaky"
     answers = False
     makes_deliveries = False
+    tells_outcomes = False
 
     def __init__(self) -> None:
         self.mended = False

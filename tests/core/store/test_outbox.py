@@ -104,6 +104,43 @@ async def test_a_review_decided_before_announcing_announces_request_then_outcome
     assert [a.stage for a in await store.unannounced()] == ["outcome"]
 
 
+@pytest.mark.parametrize("backend", SQL_BACKENDS)
+async def test_without_an_outcome_stage_a_deciding_vote_leaves_nothing_to_announce(
+    backend: str, tmp_path: Path, clock: Clock
+) -> None:
+    """A store told that no channel tells outcomes (`outcome_stage=False`) marks the outcome
+    announced in the statement of the vote that decides the review: nothing is left for the
+    outbox's second stage, and no outcome delivery is made."""
+    async with (
+        database_url(backend, tmp_path) as url,
+        SqlApprovalStore(url, clock=clock, outcome_stage=False) as quiet,
+    ):
+        record = await quiet.create(request())
+        await quiet.announce(record.approval_id, "request", [HOOK])
+        decided = await quiet.vote(record.approval_id, Decision(approved=True, decided_by="ana"))
+        assert decided.status == "approved"
+        assert await quiet.unannounced() == []
+        assert [d.kind for d in await quiet.deliveries(record.approval_id)] == ["request"]
+        # A review decided before its request went out still has its request announced,
+        # and then its outcome, as any other store does (the vote cannot skip a stage that
+        # has not begun).
+        early = await quiet.create(request("call_2"))
+        await quiet.vote(early.approval_id, Decision(approved=False, decided_by="ana"))
+        assert [a.stage for a in await quiet.unannounced()] == ["request"]
+        await quiet.announce(early.approval_id, "request", [])
+        assert [a.stage for a in await quiet.unannounced()] == ["outcome"]
+
+
+async def test_a_deciding_vote_leaves_the_outcome_to_announce_by_default(
+    store: SqlApprovalStore,
+) -> None:
+    assert store.outcome_stage is True
+    record = await store.create(request())
+    await store.announce(record.approval_id, "request", [HOOK])
+    await store.vote(record.approval_id, Decision(approved=True, decided_by="ana"))
+    assert [a.stage for a in await store.unannounced()] == ["outcome"]
+
+
 async def test_concurrent_announcers_make_each_delivery_once(
     store: SqlApprovalStore,
 ) -> None:
