@@ -127,10 +127,10 @@ _SOLE_VOTE = (
 # The same with no outcome stage to come: the outcome is marked announced once the request
 # is. A statement of its own: naming `announced` in the SET rewrites the review's entry in
 # the partial index approvals_unannounced even when the value stays.
-_SOLE_VOTE_TOLD = (
-    "UPDATE approvals SET decision = ?, status = ?, decided_at = ?, "
-    "announced = CASE WHEN announced = 1 THEN 2 ELSE announced END "
-    f"WHERE approval_id = ? AND decision IS NULL AND approvals_required = 1 RETURNING {COLUMNS}"
+_SOLE_VOTE_TOLD = _SOLE_VOTE.replace(
+    "decided_at = ? ",
+    "decided_at = ?, announced = CASE WHEN announced = 1 THEN 2 ELSE announced END ",
+    1,
 )
 _INSERT_VOTE = "INSERT INTO votes (approval_id, voter, decision, at) VALUES (?, ?, ?, ?)"
 _EXPIRE = (

@@ -8,11 +8,25 @@ from pathlib import Path
 
 import pytest
 
-from nodbot.core import ApprovalStore, MemoryApprovalStore
+from nodbot.core import ApprovalRequest, ApprovalStore, MemoryApprovalStore, arguments_digest
 from nodbot.core.sqlstore import SqlApprovalStore
 from tests.support import postgres_database
 
 BACKENDS = ["memory", "sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)]
+
+
+def ask(call_id: str, amount: float = 500.0, **extra: object) -> ApprovalRequest:
+    """A request of run_1 to refund `amount` on order o-7 (`extra`: the request's other
+    fields, such as `approvals_required`)."""
+    arguments = {"order_id": "o-7", "amount": amount}
+    return ApprovalRequest(
+        "run_1",
+        call_id,
+        "refund",
+        arguments,
+        arguments_digest(arguments),
+        **extra,  # type: ignore[arg-type]
+    )
 
 
 @contextlib.asynccontextmanager

@@ -8,24 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from nodbot.core import ApprovalRequest, Decision, SqlApprovalStore, arguments_digest
+from nodbot.core import Decision, SqlApprovalStore
 from nodbot.core.sqlstore.audit import verify
-from tests.core.store.conftest import traced
+from tests.core.store.conftest import ask, traced
 
 RECORD_READ = "SELECT approval_id, run_id, call_id"
 """How a statement that reads a whole record begins (`SELECT {COLUMNS} FROM approvals`)."""
-
-
-def ask(call_id: str, amount: float = 500.0, **extra: object) -> ApprovalRequest:
-    arguments = {"order_id": "o-7", "amount": amount}
-    return ApprovalRequest(
-        "run_1",
-        call_id,
-        "refund",
-        arguments,
-        arguments_digest(arguments),
-        **extra,  # type: ignore[arg-type]
-    )
 
 
 @pytest.fixture

@@ -9,28 +9,14 @@ from pathlib import Path
 import pytest
 
 from nodbot.core import (
-    ApprovalRequest,
     Decision,
     InvalidDecisionError,
     SqlApprovalStore,
-    arguments_digest,
 )
 from nodbot.core.sqlstore.audit import verify
-from tests.core.store.conftest import traced
+from tests.core.store.conftest import ask, traced
 
 LAST_LINK_READ = "SELECT n, hash FROM events"
-
-
-def ask(call_id: str, approvals_required: int = 1) -> ApprovalRequest:
-    arguments = {"order_id": "o-7", "amount": 500.0}
-    return ApprovalRequest(
-        "run_1",
-        call_id,
-        "refund",
-        arguments,
-        arguments_digest(arguments),
-        approvals_required=approvals_required,
-    )
 
 
 @pytest.fixture
