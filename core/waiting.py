@@ -8,8 +8,8 @@ async with asyncio.timeout(3600):                               # as long as you
 resumed = await executor.run_call(call, ctx)                  # same run, same call id
 ```
 
-On PostgreSQL the wait wakes on the database's notice of the decision; elsewhere it looks at
-the store every `poll` seconds.
+On PostgreSQL the wait wakes on the database's notice of the decision (at once when `store`
+itself decided it); elsewhere it looks at the store every `poll` seconds.
 """
 
 from __future__ import annotations

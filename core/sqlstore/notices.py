@@ -1,11 +1,19 @@
-"""Listening for the database's notices of decisions, on a connection that comes back.
+"""Listening for the database's notices of decisions, on a connection that comes back, and
+sending them.
 
-PostgreSQL tells every listener when any process decides an approval (`pg_notify` in the
-decide statements). The listening connection is a plain session, so it can be lost: the
-server restarts, an administrator terminates it, the network drops. `Listener` keeps one
-open: when it is lost it logs, connects again with backoff, and on every (re)connection
-calls `woken()` once, because notices sent while nobody listened are gone for good and the
-workers must look for themselves.
+PostgreSQL tells the listeners of other stores when a store decides an approval: after the
+decision commits, in a statement of its own (`Teller`), and only when a session of another
+store listens (the `listeners` table, migration 0015: a NOTIFY inside the deciding
+transaction would hold a lock of the whole server until the commit is durable, so deciders
+would take turns with their fsyncs). A wait in the deciding store is woken in its process.
+The listening connection is a plain session, so it can be lost: the server restarts, an
+administrator terminates it, the network drops. `Listener` keeps one open, and its row in
+`listeners` with it: when it is lost it logs, connects again with backoff, and on every
+reconnection calls `woken()` once, because notices sent while nobody listened are gone for
+good and the workers must look for themselves. Listeners look at the store every poll on
+their own as well, so a notice lost on its way (the deciding process died after its commit,
+or a decision made while a listener was starting did not see its row yet) costs time, never
+a decision.
 """
 
 from __future__ import annotations
@@ -13,11 +21,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, Iterable
 
 import asyncpg
 
-__all__ = ["Listener", "Listening", "NotListening"]
+__all__ = ["Listener", "Listening", "NotListening", "Teller"]
 
 log = logging.getLogger(__name__)
 
@@ -26,6 +34,19 @@ CONNECT_TIMEOUT = 10.0
 RETRY_FIRST = 0.1
 RETRY_MOST = 5.0
 """Seconds between attempts to listen again: doubling from the first to the most."""
+UNREGISTER_TIMEOUT = 2.0
+"""Seconds a stopping listener waits to remove its row; a row left is cleared later."""
+
+# The listener's row, made once it listens; and the rows of sessions that have gone (their
+# process died, their connection was lost) cleared, so that decisions stop telling them.
+_REGISTER = """
+WITH cleared AS (
+    DELETE FROM listeners
+    WHERE pid <> pg_backend_pid() AND pid NOT IN (SELECT pid FROM pg_stat_activity)
+)
+INSERT INTO listeners (pid, store, since) VALUES (pg_backend_pid(), $1, now())
+ON CONFLICT (pid) DO UPDATE SET store = excluded.store, since = excluded.since"""
+_UNREGISTER = "DELETE FROM listeners WHERE pid = pg_backend_pid()"
 
 
 class Listening:
@@ -43,12 +64,14 @@ class NotListening(Listening):
 
 
 class Listener(Listening):
-    """LISTEN on `channel` of `dsn`, connected again whenever the connection is lost."""
+    """LISTEN on `channel` of `dsn` for the store `store` (its row in `listeners`, so that
+    other stores' decisions tell it), connected again whenever the connection is lost."""
 
-    def __init__(self, dsn: str, channel: str, woken: Callable[[], None]) -> None:
+    def __init__(self, dsn: str, channel: str, woken: Callable[[], None], *, store: str) -> None:
         self._dsn = dsn
         self._channel = channel
         self._woken = woken
+        self._store = store
         self.connected = False
         self._lost = asyncio.Event()
         self._current: asyncpg.Connection | None = None
@@ -71,6 +94,7 @@ class Listener(Listening):
         connection = await asyncpg.connect(self._dsn, timeout=CONNECT_TIMEOUT)
         try:
             await connection.add_listener(self._channel, self._notified)
+            await connection.execute(_REGISTER, self._store)
         except BaseException:
             await _close(connection)
             raise
@@ -100,6 +124,9 @@ class Listener(Listening):
                 log.warning("listening to the database's notices of decisions again")
                 self._woken()  # what was decided meanwhile sent notices nobody heard
         finally:
+            if not connection.is_closed():
+                with contextlib.suppress(Exception):  # a row left is cleared by the next one
+                    await asyncio.wait_for(connection.execute(_UNREGISTER), UNREGISTER_TIMEOUT)
             await _close(connection)
 
     async def _reconnect(self) -> asyncpg.Connection:
@@ -125,3 +152,58 @@ async def _close(connection: asyncpg.Connection) -> None:
         await asyncio.wait_for(connection.close(), 2)
     except Exception:  # closing a connection that broke: let it go without a goodbye
         connection.terminate()
+
+
+class Teller:
+    """Sends the notices of decisions once they have committed, with `send(run_ids)` (one
+    statement): the run ids of decisions made while one is on its way go out together in the
+    next, so that deciders at once share statements as they share commits."""
+
+    def __init__(self, send: Callable[[list[str]], Awaitable[None]]) -> None:
+        self._send = send
+        self._runs: set[str] = set()
+        self._next: asyncio.Future[None] | None = None
+        self._task: asyncio.Task[None] | None = None
+
+    async def tell(self, run_ids: Iterable[str]) -> None:
+        """Send a notice of each of `run_ids`; returns once sent, or once sending failed
+        (logged, not raised: the decisions stand, and listeners look for themselves)."""
+        self._runs.update(run_ids)
+        if not self._runs:
+            return
+        if self._next is None:
+            self._next = asyncio.get_running_loop().create_future()
+        sent = self._next
+        if self._task is None:
+            self._task = asyncio.create_task(self._sending(), name="notices of decisions")
+        await asyncio.shield(sent)
+
+    async def drain(self) -> None:
+        """Wait for the notices on their way (a store closes after)."""
+        if self._task is not None:
+            await asyncio.shield(self._task)
+
+    async def _sending(self) -> None:
+        sent: asyncio.Future[None] | None = None
+        try:
+            while self._runs:
+                runs, self._runs = sorted(self._runs), set()
+                sent, self._next = self._next, None
+                try:
+                    await self._send(runs)
+                except Exception as exc:  # every driver failure, whatever asyncpg calls it
+                    log.warning(
+                        "could not send the notices of %d decided runs (%s: %s); other "
+                        "processes find the decisions when they next look",
+                        len(runs),
+                        type(exc).__name__,
+                        exc,
+                    )
+                if sent is not None:
+                    sent.set_result(None)
+        finally:
+            # Cancelled (the loop is closing): nobody waits for what was not sent.
+            for waiting in (sent, self._next):
+                if waiting is not None and not waiting.done():
+                    waiting.set_result(None)
+            self._next, self._task = None, None

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import secrets
 from collections.abc import Callable, Iterator, Sequence
 from datetime import datetime
 from typing import Any, TypeAlias
@@ -37,7 +38,7 @@ from nodbot.core.sqlstore.backend import (
     detail,
     timeout_detail,
 )
-from nodbot.core.sqlstore.notices import Listener, Listening
+from nodbot.core.sqlstore.notices import Listener, Listening, Teller
 from nodbot.core.sqlstore.pool import GuardedPool
 from nodbot.core.store import ALREADY_VOTED, CONCURRENT_USE_REASON, TIMEOUT_DECIDER, ApprovalRequest
 from nodbot.core.tools import canonical_json
@@ -149,12 +150,17 @@ _ACTIVE = f"""
 SELECT {COLUMNS} FROM approvals WHERE run_id = $1 AND call_id = $2 AND finished_at IS NULL"""
 
 DECIDED_CHANNEL = "nodbot_decided"
-"""Notified with the run id whenever an approval is decided, so every bot wakes at once."""
-# Joined into a statement's result so that it is evaluated: the notice goes out on commit.
-_NOTIFY = f"""
-CROSS JOIN (
-    SELECT count(*) FROM (SELECT pg_notify('{DECIDED_CHANNEL}', run_id) FROM changed) AS sent
-) AS notified"""
+"""Notified with the run id whenever an approval is decided, so that the bots of other
+processes wake at once (see core/sqlstore/notices.py)."""
+
+
+def _heard(store: int) -> str:
+    """A deciding statement's last column: whether a session of another store than the one
+    named by parameter `$store` listens, so that the decision is to be noticed (after its
+    commit, by `Teller`; never inside it, where NOTIFY would make deciders take turns with
+    their fsyncs)."""
+    return f"EXISTS (SELECT 1 FROM listeners WHERE store <> ${store}::text) AS heard"
+
 
 _DECIDE = f"""
 WITH changed AS (
@@ -171,7 +177,7 @@ WITH changed AS (
     FROM changed WHERE {_LOCKED}
     RETURNING n, hash
 ), {_COUNT_DECIDED}
-SELECT {COLUMNS}, {_LINK} FROM changed {_NOTIFY}"""
+SELECT {COLUMNS}, {_LINK}, {_heard(14)} FROM changed"""
 
 _CONSUME = f"""
 WITH changed AS (
@@ -233,7 +239,7 @@ WITH changed AS (
     FROM changed WHERE {_LOCKED}
     RETURNING n, hash
 ), {_COUNT_DECIDED}
-SELECT {COLUMNS}, {_LINK} FROM changed {_NOTIFY}"""
+SELECT {COLUMNS}, {_LINK}, {_heard(19)} FROM changed"""
 
 # A refusal: the record as it is, and a `refused` event whose detail depends on its state.
 _REFUSE = f"""
@@ -282,7 +288,7 @@ WITH picked AS (
     SET pending = pending - (SELECT count(*) FROM changed WHERE changed.run_id = runs.run_id)
     WHERE seq = ANY (ARRAY (SELECT seq FROM locked))
 )
-SELECT {COLUMNS} FROM changed {_NOTIFY}"""
+SELECT {COLUMNS}, {_heard(10)} FROM changed"""
 
 # A run starts with the count of its reviews made before it (none, when it is created
 # first, as the bot does).
@@ -602,6 +608,10 @@ class PostgresBackend:
         self._pool = pool
         self._dsn = dsn
         self._links = ChainLinks(hasher or EventHasher())
+        # This store, as its listeners' rows name it: its decisions notice other stores only.
+        self._store = secrets.token_hex(8)
+        self._woken: list[Callable[[], None]] = []  # this store's listeners, woken here
+        self._teller = Teller(self._notify)
 
     @classmethod
     async def connect(cls, dsn: str, *, audit_key: str | None = None) -> PostgresBackend:
@@ -623,9 +633,30 @@ class PostgresBackend:
         return self._pool.saturated
 
     async def listen(self, woken: Callable[[], None]) -> Listening:
-        """Call `woken()` whenever any process decides an approval, on a connection made
-        again whenever it is lost (`Listener`); returns what stops listening."""
-        return await Listener(self._dsn, DECIDED_CHANNEL, woken).start()
+        """Call `woken()` whenever any process decides an approval: this store's decisions
+        here, others' on their notices, on a connection made again whenever it is lost
+        (`Listener`); returns what stops listening."""
+        listener = await Listener(self._dsn, DECIDED_CHANNEL, woken, store=self._store).start()
+        self._woken.append(woken)
+        return _Heard(listener, lambda: self._woken.remove(woken))
+
+    async def _decided(self, rows: Sequence[Row]) -> None:
+        """After a statement decided `rows` (each with its `heard`, removed here): wake this
+        store's listeners, and notice the runs to other stores' when one listens."""
+        heard = [row.pop("heard") for row in rows]
+        if not rows:
+            return
+        for woken in list(self._woken):
+            woken()
+        if any(heard):
+            await self._teller.tell(row["run_id"] for row in rows)
+
+    async def _notify(self, run_ids: list[str]) -> None:
+        await self._pool.execute(
+            "SELECT pg_notify($1, run_id) FROM unnest($2::text[]) AS run_id",
+            DECIDED_CHANNEL,
+            run_ids,
+        )
 
     async def _one(self, query: str, *arguments: Any) -> Row | None:
         return _row(await self._pool.fetchrow(query, *arguments))
@@ -761,13 +792,14 @@ class PostgresBackend:
         def chained(remembered: bool) -> tuple[Any, ...]:
             digest = self._links.digest(approval_id) if remembered else None
             if digest is None:
-                return (*arguments, None, None, None, None)
+                return (*arguments, None, None, None, None, self._store)
             event = EventValues("decided", actor, act.channel, bound.text(digest), act.person)
             first, prev, (hash_,) = self._links.after(approval_id, at, [event])
-            return (*arguments, digest, first, prev, hash_)
+            return (*arguments, digest, first, prev, hash_, self._store)
 
         changed = await self._chained(_DECIDE, approval_id, chained)
         if changed is not None:
+            await self._decided([changed])
             return Change(changed, None)
         refusal = act.refused(ALREADY_DECIDED, actor)
         existing = await self._one(
@@ -779,16 +811,8 @@ class PostgresBackend:
     async def vote(
         self, approval_id: str, act: Act, at: datetime, *, outcome_stage: bool = True
     ) -> VoteResult:
-        ballot, voter = act.decision.model_dump_json(), act.voter
+        ballot = act.decision.model_dump_json()
         actor = act.decision.decided_by or ""
-
-        async def log(connection: asyncpg.Connection, event: EventValues) -> None:
-            await connection.execute(
-                f"{_EVENTS} VALUES ($1, $2, $3, $4, $5, $6, $7)",
-                approval_id, event.kind, at, event.actor, event.channel, event.detail,
-                event.person,
-            )  # fmt: skip
-
         voted, decided = act.voted(), act.decided()
         arguments = (
             *(approval_id, ballot, act.status, at, actor, act.channel),
@@ -799,7 +823,7 @@ class PostgresBackend:
         def chained(remembered: bool) -> tuple[Any, ...]:
             digest = self._links.digest(approval_id) if remembered else None
             if digest is None:
-                return (*arguments, None, *_flat(_UNCHAINED), outcome_stage)
+                return (*arguments, None, *_flat(_UNCHAINED), outcome_stage, self._store)
             events = (
                 EventValues("voted", actor, act.channel, voted.text(digest), act.person),
                 EventValues(
@@ -811,11 +835,30 @@ class PostgresBackend:
                 ),
             )
             after = self._links.after(approval_id, at, events)
-            return (*arguments, digest, *_flat(after), outcome_stage)
+            return (*arguments, digest, *_flat(after), outcome_stage, self._store)
 
         sole = await self._chained(_SOLE_VOTE, approval_id, chained)
         if sole is not None:
+            await self._decided([sole])
             return VoteResult("decided", sole)
+        counted = await self._count_vote(approval_id, act, at)
+        if counted.result == "decided" and counted.row is not None:
+            await self._decided([counted.row])  # once the transaction has committed
+        return counted
+
+    async def _count_vote(self, approval_id: str, act: Act, at: datetime) -> VoteResult:
+        """A vote on a review that needs several approvals, counted with the votes before it
+        in one transaction."""
+        ballot, voter = act.decision.model_dump_json(), act.voter
+        actor = act.decision.decided_by or ""
+
+        async def log(connection: asyncpg.Connection, event: EventValues) -> None:
+            await connection.execute(
+                f"{_EVENTS} VALUES ($1, $2, $3, $4, $5, $6, $7)",
+                approval_id, event.kind, at, event.actor, event.channel, event.detail,
+                event.person,
+            )  # fmt: skip
+
         async with self._pool.acquire() as connection, connection.transaction():
             # The row lock makes voters of one approval take turns: each sees the votes before.
             row = _row(await connection.fetchrow(f"{_SELECT_ONE} FOR UPDATE", approval_id))
@@ -842,15 +885,14 @@ class PostgresBackend:
             changed = _row(
                 await connection.fetchrow(
                     "UPDATE approvals SET decision = $2, status = $3, decided_at = $4 "
-                    f"WHERE approval_id = $1 RETURNING {COLUMNS}",
-                    *(approval_id, counted.decision, counted.status, at),
+                    f"WHERE approval_id = $1 RETURNING {COLUMNS}, {_heard(5)}",
+                    *(approval_id, counted.decision, counted.status, at, self._store),
                 )
             )
             await log(connection, counted.event)
             await connection.execute(
                 "UPDATE runs SET pending = pending - 1 WHERE run_id = $1", row["run_id"]
             )
-            await connection.execute("SELECT pg_notify($1, $2)", DECIDED_CHANNEL, row["run_id"])
             return VoteResult("decided", changed)
 
     async def consume(self, approval_id: str, at: datetime, actor: str | None) -> Change:
@@ -907,9 +949,11 @@ class PostgresBackend:
         records = await self._pool.fetch(
             _EXPIRE,
             *(decisions["approve"], decisions["deny"], at, limit, TIMEOUT_DECIDER),
-            *(approve.before, approve.after, deny.before, deny.after),
+            *(approve.before, approve.after, deny.before, deny.after, self._store),
         )
-        return [dict(record) for record in records]
+        rows = [dict(record) for record in records]
+        await self._decided(rows)
+        return rows
 
     async def insert_run(self, row: Row, reviews: Sequence[Row] = ()) -> Row | None:
         values = [row.get(name) for name in RUN_COLUMN_NAMES]
@@ -1041,4 +1085,23 @@ class PostgresBackend:
         return [dict(record) for record in records]
 
     async def close(self) -> None:
+        await self._teller.drain()
         await self._pool.close()
+
+
+class _Heard(Listening):
+    """A store's listening: its `Listener`, and its place among the store's listeners that
+    the store's own decisions wake (`PostgresBackend.listen`)."""
+
+    def __init__(self, listener: Listener, leave: Callable[[], None]) -> None:
+        self._listener = listener
+        self._leave = leave
+
+    @property
+    def connected(self) -> bool:  # type: ignore[override]
+        return self._listener.connected
+
+    async def __call__(self) -> None:
+        leave, self._leave = self._leave, lambda: None  # stopping twice leaves once
+        leave()
+        await self._listener()

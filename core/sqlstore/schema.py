@@ -27,6 +27,7 @@ __all__ = [
     "approvals",
     "deliveries",
     "events",
+    "listeners",
     "metadata",
     "remembered",
     "revocations",
@@ -246,4 +247,15 @@ run_states = Table(
     Column("run_id", String(64), primary_key=True),
     Column("state", Text, nullable=False),  # a hosted agent's framework state, as text
     Column("updated_at", UTCDateTime, nullable=False),
+)
+
+# The sessions that listen for the notices of decisions (PostgreSQL; see
+# core/sqlstore/notices.py): a decision is noticed, after its commit, only when a session of
+# another store is here. A row whose session has gone is cleared by the next listener to start.
+listeners = Table(
+    "listeners",
+    metadata,
+    Column("pid", Integer, primary_key=True, autoincrement=False),  # the session's backend
+    Column("store", String(64), nullable=False),  # which store instance listens
+    Column("since", UTCDateTime, nullable=False),
 )

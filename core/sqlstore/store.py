@@ -610,9 +610,10 @@ class SqlApprovalStore:
 
     async def listen(self, woken: Callable[[], None]) -> Listening:
         """Call `woken()` whenever any process decides an approval in this database
-        (PostgreSQL's LISTEN/NOTIFY; on SQLite only polling finds other processes'
-        decisions). Returns what stops listening: a lost connection is made again, and
-        `woken()` called once it is, so nothing decided meanwhile is missed."""
+        (PostgreSQL: this store's decisions in this process, other stores' by LISTEN/NOTIFY;
+        on SQLite only polling finds other processes' decisions). Returns what stops
+        listening: a lost connection is made again, and `woken()` called once it is, so
+        nothing decided meanwhile is missed."""
         backend = await self._ready()
         with self._errors():
             return await backend.listen(woken)

@@ -197,7 +197,7 @@ async def test_every_query_of_a_worker_step_uses_an_index_on_postgresql(tmp_path
     at = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
     step = {
         "claim_ready": (postgres._CLAIM_READY, (at, "w", at, 10)),
-        "expire_due": (postgres._EXPIRE, ("{}", "{}", at, 10, "t", "a", "b", "c", "d")),
+        "expire_due": (postgres._EXPIRE, ("{}", "{}", at, 10, "t", "a", "b", "c", "d", "s")),
         "unannounced": (postgres._UNANNOUNCED, (10,)),
         "claim_deliveries": (postgres._CLAIM_DELIVERIES, ("w", at, at, 10)),
     }
@@ -217,7 +217,9 @@ async def test_every_query_of_a_worker_step_uses_an_index_on_postgresql(tmp_path
         finally:
             await connection.close()
     for name, plan in plans.items():
-        assert "Seq Scan" not in plan, (name, plan)
+        # `listeners` holds a row per listening session, however many reviews there are.
+        scans = [line for line in plan.splitlines() if "Seq Scan" in line]
+        assert all("Seq Scan on listeners" in line for line in scans), (name, plan)
     assert "runs_claimable" in plans["claim_ready"], plans["claim_ready"]
     assert "approvals" not in plans["claim_ready"], plans["claim_ready"]
     assert "approvals_unannounced" in plans["unannounced"], plans["unannounced"]

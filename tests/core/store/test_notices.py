@@ -1,0 +1,155 @@
+"""PostgreSQL's notices of decisions: each goes to the processes that listen for them, after
+the decision commits, and none when no other process listens (a NOTIFY in a transaction
+takes a lock, cluster-wide, held until its commit is durable: deciders then take turns with
+their fsyncs). A wait in the deciding process itself is woken without a notice."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from datetime import UTC, datetime, timedelta
+
+import asyncpg
+import pytest
+
+from nodbot.core import (
+    ApprovalRequest,
+    Decision,
+    SqlApprovalStore,
+    arguments_digest,
+    wait_for_decision,
+)
+from nodbot.core.sqlstore.postgres import DECIDED_CHANNEL
+
+pytestmark = pytest.mark.postgres
+
+ARGUMENTS = {"order_id": "o-7", "amount": 500.0}
+ANA = Decision(approved=True, decided_by="ana")
+
+
+def ask(call_id: str, **extra: object) -> ApprovalRequest:
+    return ApprovalRequest(
+        "run_1",
+        call_id,
+        "refund",
+        ARGUMENTS,
+        arguments_digest(ARGUMENTS),
+        **extra,  # type: ignore[arg-type]
+    )
+
+
+@contextlib.asynccontextmanager
+async def overheard(url: str) -> AsyncIterator[Callable[[], Awaitable[list[str]]]]:
+    """A plain session (not a nodbot store) that LISTENs to the decisions' channel. Yields
+    what returns the run ids of every notice sent since it started: it sends a last notice of
+    its own and collects until that arrives, because the server delivers notices in the order
+    their transactions committed."""
+    heard: asyncio.Queue[str] = asyncio.Queue()
+    connection = await asyncpg.connect(url)
+    await connection.add_listener(DECIDED_CHANNEL, lambda *args: heard.put_nowait(args[3]))
+
+    async def notices() -> list[str]:
+        await connection.execute(f"NOTIFY {DECIDED_CHANNEL}, 'end'")
+        got = []
+        async with asyncio.timeout(10):
+            while (payload := await heard.get()) != "end":
+                got.append(payload)
+        return got
+
+    try:
+        yield notices
+    finally:
+        await connection.close()
+
+
+async def decide_each_way(store: SqlApprovalStore) -> None:
+    """A decision, a sole vote, the last of two votes, and a deadline passed: every way a
+    review is decided, one review each."""
+    decided = await store.create(ask("call_decided"))
+    await store.decide(decided.approval_id, ANA)
+    voted = await store.create(ask("call_voted"))
+    await store.vote(voted.approval_id, ANA)
+    two = await store.create(ask("call_two", approvals_required=2))
+    await store.vote(two.approval_id, ANA)
+    await store.vote(two.approval_id, Decision(approved=True, decided_by="bob"))
+    await store.create(ask("call_timed", deadline=datetime.now(UTC) - timedelta(seconds=1)))
+    assert len(await store.expire_due()) == 1
+
+
+async def test_no_notice_goes_out_when_no_other_process_listens(postgres_url: str) -> None:
+    async with SqlApprovalStore(postgres_url) as store, overheard(postgres_url) as notices:
+        own = await store.listen(lambda: None)  # the deciding store's own listener
+        try:
+            await decide_each_way(store)
+            assert await notices() == []
+        finally:
+            await own()
+
+
+async def test_each_decision_is_told_to_another_listening_store(postgres_url: str) -> None:
+    async with (
+        SqlApprovalStore(postgres_url) as deciding,
+        SqlApprovalStore(postgres_url) as elsewhere,
+        overheard(postgres_url) as notices,
+    ):
+        woken = asyncio.Event()
+        listening = await elsewhere.listen(woken.set)
+        try:
+            await decide_each_way(deciding)
+            assert await notices() == ["run_1"] * 4
+            async with asyncio.timeout(10):
+                await woken.wait()
+        finally:
+            await listening()
+        # Once it stops listening, nothing is told any more.
+        later = await deciding.create(ask("call_later"))
+        await deciding.decide(later.approval_id, ANA)
+        assert await notices() == []
+
+
+async def test_a_decision_wakes_a_wait_of_the_same_store_without_a_notice(
+    postgres_url: str,
+) -> None:
+    async with SqlApprovalStore(postgres_url) as store, overheard(postgres_url) as notices:
+        record = await store.create(ask("call_1"))
+
+        async def decide_soon() -> None:
+            await asyncio.sleep(0.1)
+            await store.decide(record.approval_id, ANA)
+
+        decider = asyncio.create_task(decide_soon())
+        started = time.monotonic()
+        async with asyncio.timeout(30):
+            decided = await wait_for_decision(store, record.approval_id, poll=20)
+        await decider
+        assert decided.status == "approved"
+        assert time.monotonic() - started < 5  # woken at once, not by the 20 s poll
+        assert await notices() == []
+
+
+async def test_a_listener_that_went_away_without_a_word_is_forgotten(postgres_url: str) -> None:
+    async with SqlApprovalStore(postgres_url) as store, overheard(postgres_url) as notices:
+        # A listener's process died: its session is gone, its entry is left behind.
+        admin = await asyncpg.connect(postgres_url)
+        try:
+            gone = await asyncpg.connect(postgres_url)
+            pid = await gone.fetchval("SELECT pg_backend_pid()")
+            await gone.close()
+            await admin.execute(
+                "INSERT INTO listeners (pid, store, since) VALUES ($1, 'gone', now())", pid
+            )
+        finally:
+            await admin.close()
+        first = await store.create(ask("call_1"))
+        await store.decide(first.approval_id, ANA)
+        assert await notices() == ["run_1"]  # told, in case it listens still
+        # The next listener to start clears the entry; then nobody else listens.
+        listening = await store.listen(lambda: None)
+        try:
+            second = await store.create(ask("call_2"))
+            await store.decide(second.approval_id, ANA)
+            assert await notices() == []
+        finally:
+            await listening()
