@@ -49,6 +49,7 @@ $(VENV)/.bench-installed: pyproject.toml | $(VENV)/.installed
 
 bench: $(VENV)/.bench-installed
 	$(BIN)/python bench/cycle.py
+	$(BIN)/python bench/notices.py
 	$(BIN)/python bench/list_pending.py
 	$(BIN)/python bench/bot.py
 	$(BIN)/python bench/counts.py

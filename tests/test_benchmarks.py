@@ -8,6 +8,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+from tests.support import postgres_server_url
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -27,6 +31,28 @@ def test_the_bot_benchmark_runs_and_reports_every_figure() -> None:
         "the longest callback in wall time",
         "a 1 ms timer's worst lateness",
         "awaithumans 0.1.12: not measured, so no ratio",
+    ):
+        assert figure in done.stdout, done.stdout
+
+
+@pytest.mark.postgres
+def test_the_notices_benchmark_runs_and_reports_every_figure() -> None:
+    server = postgres_server_url()
+    if server is None:
+        pytest.skip("PostgreSQL tests need NODBOT_TEST_POSTGRES_URL (see README, Tests)")
+    command = [sys.executable, "bench/notices.py", "--decisions", "16", "--rounds", "2"]
+    environment = {**os.environ, "NODBOT_BENCH_POSTGRES_URL": server}
+    done = subprocess.run(
+        command, cwd=ROOT, capture_output=True, text=True, timeout=120, env=environment
+    )
+    assert done.returncode == 0, done.stderr
+    for figure in (
+        "8 deciding at once, medians of 2 rounds:",
+        "floor, NOTIFY inside",
+        "floor, NOTIFY after",
+        "nodbot decide, nobody else listens",
+        "nodbot decide, another store listens",
+        "x the floor)",
     ):
         assert figure in done.stdout, done.stdout
 
