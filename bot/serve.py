@@ -42,6 +42,7 @@ from nodbot.bot.store import store_for
 from nodbot.bot.web import WebInbox
 from nodbot.bot.webhooks import WebhookChannel
 from nodbot.core import ToolRegistry
+from nodbot.core.outbound import outbound_session
 
 __all__ = ["CannotListen", "Served", "serve", "serving"]
 
@@ -125,7 +126,7 @@ async def _serving(
         await store.open()
         registry = ToolRegistry.merged(agent.tools for agent in agents.values())
         # One outbound HTTP session (aiohttp, as slack_sdk uses) for webhooks, Slack and chat.
-        outbound = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=100))
+        outbound = outbound_session()
         for agent in agents.values():  # and for the agents' chat models that made none
             share = getattr(agent.chat, "share_session", None)
             if share is not None:

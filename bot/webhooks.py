@@ -35,6 +35,7 @@ from nodbot.bot.config import Webhook, WebhookEvent
 from nodbot.bot.http.schemas import ApprovalView
 from nodbot.bot.outbox import DeliveryError, Moment, retry_after
 from nodbot.core import ApprovalRecord, Delivery, NewDelivery, __version__
+from nodbot.core.outbound import outbound_session
 
 __all__ = ["SIGNATURE_VERSION", "InvalidSignature", "WebhookChannel", "sign", "verify_signature"]
 
@@ -167,7 +168,7 @@ class WebhookChannel:
 
     def _client(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
-            self._session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=100))
+            self._session = outbound_session()
         return self._session
 
     async def close(self) -> None:

@@ -54,6 +54,7 @@ from nodbot.core.loop import (
     SystemMessage,
     ToolMessage,
 )
+from nodbot.core.outbound import outbound_session
 from nodbot.core.tools import ToolSpec
 
 __all__ = ["INVALID_JSON_KEY", "ChatCompletionsModel", "ChatModelError"]
@@ -238,7 +239,7 @@ class ChatCompletionsModel:
         if self._session is None or (not self._given and self._session.closed):
             # Made here, not in __init__: a session belongs to the running event loop, and an
             # agent module builds its model at import time, before any loop runs.
-            self._session, self._owns_session = aiohttp.ClientSession(), True
+            self._session, self._owns_session = outbound_session(), True
         return self._session
 
     def _backoff(self, attempt: int) -> float:

@@ -74,6 +74,21 @@ async def test_a_new_review_is_posted_signed_then_its_decision(tmp_path: Path) -
         ]
 
 
+async def test_a_cookie_a_receiver_sets_is_never_sent_back(tmp_path: Path) -> None:
+    # Each delivery says only what nodbot wrote: no state a receiver left in the sender.
+    async with receiving() as receiver:
+        # By name: aiohttp's default jar keeps no cookie of a host given as an IP address.
+        receiver.url = receiver.url.replace("127.0.0.1", "localhost")
+        async with outbox(tmp_path, receiver) as (store, dispatcher):
+            receiver.answers = [(200, {"set-cookie": "tracked=1; Path=/"})]
+            record = await store.create(request())
+            assert await dispatcher.step() == 1
+            await store.decide(record.approval_id, Decision(approved=True, decided_by="ana"))
+            assert await dispatcher.step() == 1
+    assert [r.event for r in receiver.received] == ["approval.pending", "approval.decided"]
+    assert [r.cookie for r in receiver.received] == [None, None]
+
+
 async def test_failures_are_retried_with_backoff_until_delivered(tmp_path: Path) -> None:
     async with receiving() as receiver, outbox(tmp_path, receiver) as (store, dispatcher):
         receiver.answers = [(503, {}), (500, {})]

@@ -31,6 +31,7 @@ class Received:
     body: dict[str, Any]
     signed: bool
     at: float
+    cookie: str | None = None  # the Cookie header the request carried
 
 
 @dataclass
@@ -57,6 +58,7 @@ class Receiver:
                 json.loads(raw),
                 signed,
                 time.monotonic(),
+                request.headers.get("cookie"),
             )
         )
         self.arrived.set()
