@@ -21,9 +21,8 @@ from nodbot.core import (
     arguments_digest,
     wait_for_decision,
 )
+from nodbot.core.sqlstore.notices import Teller
 from nodbot.core.sqlstore.postgres import DECIDED_CHANNEL
-
-pytestmark = pytest.mark.postgres
 
 ARGUMENTS = {"order_id": "o-7", "amount": 500.0}
 ANA = Decision(approved=True, decided_by="ana")
@@ -78,6 +77,7 @@ async def decide_each_way(store: SqlApprovalStore) -> None:
     assert len(await store.expire_due()) == 1
 
 
+@pytest.mark.postgres
 async def test_no_notice_goes_out_when_no_other_process_listens(postgres_url: str) -> None:
     async with SqlApprovalStore(postgres_url) as store, overheard(postgres_url) as notices:
         own = await store.listen(lambda: None)  # the deciding store's own listener
@@ -88,6 +88,7 @@ async def test_no_notice_goes_out_when_no_other_process_listens(postgres_url: st
             await own()
 
 
+@pytest.mark.postgres
 async def test_each_decision_is_told_to_another_listening_store(postgres_url: str) -> None:
     async with (
         SqlApprovalStore(postgres_url) as deciding,
@@ -109,6 +110,7 @@ async def test_each_decision_is_told_to_another_listening_store(postgres_url: st
         assert await notices() == []
 
 
+@pytest.mark.postgres
 async def test_a_decision_wakes_a_wait_of_the_same_store_without_a_notice(
     postgres_url: str,
 ) -> None:
@@ -129,6 +131,7 @@ async def test_a_decision_wakes_a_wait_of_the_same_store_without_a_notice(
         assert await notices() == []
 
 
+@pytest.mark.postgres
 async def test_a_listener_that_went_away_without_a_word_is_forgotten(postgres_url: str) -> None:
     async with SqlApprovalStore(postgres_url) as store, overheard(postgres_url) as notices:
         # A listener's process died: its session is gone, its entry is left behind.
@@ -153,3 +156,41 @@ async def test_a_listener_that_went_away_without_a_word_is_forgotten(postgres_ur
             assert await notices() == []
         finally:
             await listening()
+
+
+# --- the teller, on its own ----------------------------------------------------------------
+
+
+async def test_decisions_made_while_a_notice_is_on_its_way_go_out_together() -> None:
+    sent: list[list[str]] = []
+    on_its_way, release = asyncio.Event(), asyncio.Event()
+
+    async def send(run_ids: list[str]) -> None:
+        sent.append(run_ids)
+        on_its_way.set()
+        await release.wait()
+
+    teller = Teller(send)
+    first = asyncio.create_task(teller.tell(["run_1"]))
+    async with asyncio.timeout(10):
+        await on_its_way.wait()
+    later = [asyncio.create_task(teller.tell([run])) for run in ("run_3", "run_2", "run_3")]
+    await asyncio.sleep(0)
+    assert not any(task.done() for task in [first, *later])  # each waits for its own notice
+    release.set()
+    async with asyncio.timeout(10):
+        await asyncio.gather(first, *later)
+    assert sent == [["run_1"], ["run_2", "run_3"]]
+
+
+async def test_a_notice_that_cannot_be_sent_is_logged_and_the_decision_stands(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    async def send(run_ids: list[str]) -> None:
+        raise ConnectionResetError("the server went away")
+
+    teller = Teller(send)
+    async with asyncio.timeout(10):
+        await teller.tell(["run_1"])  # returns: nothing raised to the decider
+    assert "could not send the notices of 1 decided runs" in caplog.text
+    assert "ConnectionResetError: the server went away" in caplog.text
