@@ -57,3 +57,33 @@ class LedgerChat:
 
 
 agent = Agent(LedgerChat(), tools)
+
+
+LEAD = "U0123LEADS"
+"""Who reviews the ledger's refunds unless a test names another."""
+
+
+def config_yaml(
+    store_url: str,
+    *,
+    settings: str = "",
+    token: str | None = None,
+    lead: str = LEAD,
+    self_approval: bool = False,
+) -> str:
+    """A bot's configuration with this agent as `ledger`, whose refunds `lead` reviews:
+    `settings` (the file's other sections) first, then the store at `store_url`, `lead`'s API
+    token (to start runs and to decide them) when `token` is given, the agent and its rule
+    (with `allow_self_approval` when `self_approval`: `lead` decides the runs it starts)."""
+    api = ""
+    if token is not None:
+        scopes = "[runs:write, approvals:read, approvals:decide]"
+        api = f"api:\n  tokens:\n    - {{name: {lead}, token: {token}, scopes: {scopes}}}\n"
+    allow = "    allow_self_approval: true\n" if self_approval else ""
+    return (
+        f"{settings}\n"
+        f'store: {{url: "{store_url}"}}\n'
+        f"{api}"
+        "agents:\n  ledger: tests.bot.ledger_agent:agent\n"
+        f"rules:\n  - tool: refund\n    reviewers: [{lead}]\n{allow}"
+    )

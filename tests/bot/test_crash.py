@@ -14,6 +14,7 @@ from typing import Any
 
 import httpx
 
+from tests.bot.ledger_agent import config_yaml
 from tests.bot.test_cli import nodbot
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -23,22 +24,9 @@ HEADERS = {"Authorization": f"Bearer {TOKEN}"}
 
 def config(tmp_path: Path) -> Path:
     path = tmp_path / "nodbot.yml"
-    path.write_text(
-        f"""
-store: {{url: "sqlite:///{tmp_path / "nodbot.db"}"}}
-server: {{host: 127.0.0.1, port: 0}}
-workers: {{poll: 0.1, lease: 1s}}
-api:
-  tokens:
-    - {{name: U0123LEADS, token: {TOKEN}, scopes: [runs:write, approvals:read, approvals:decide]}}
-agents:
-  ledger: tests.bot.ledger_agent:agent
-rules:
-  - tool: refund
-    reviewers: [U0123LEADS]
-    allow_self_approval: true
-"""
-    )
+    settings = "server: {host: 127.0.0.1, port: 0}\nworkers: {poll: 0.1, lease: 1s}"
+    store = f"sqlite:///{tmp_path / 'nodbot.db'}"
+    path.write_text(config_yaml(store, settings=settings, token=TOKEN, self_approval=True))
     return path
 
 

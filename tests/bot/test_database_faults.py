@@ -23,6 +23,7 @@ import httpx
 import pytest
 
 from nodbot.core import Decision, SqlApprovalStore
+from tests.bot.ledger_agent import config_yaml
 from tests.bot.processes import nodbot_serve
 from tests.support import eventually, postgres_database, postgres_server_url
 
@@ -33,22 +34,8 @@ RUNS = 20
 
 def config(tmp_path: Path, url: str) -> Path:
     path = tmp_path / "bot.yml"
-    path.write_text(
-        f"""
-store: {{url: "{url}"}}
-server: {{host: 127.0.0.1, port: 0}}
-workers: {{poll: 60}}
-api:
-  tokens:
-    - {{name: U0123LEADS, token: {TOKEN}, scopes: [runs:write, approvals:read, approvals:decide]}}
-agents:
-  ledger: tests.bot.ledger_agent:agent
-rules:
-  - tool: refund
-    reviewers: [U0123LEADS]
-    allow_self_approval: true
-"""
-    )
+    settings = "server: {host: 127.0.0.1, port: 0}\nworkers: {poll: 60}"
+    path.write_text(config_yaml(url, settings=settings, token=TOKEN, self_approval=True))
     return path
 
 

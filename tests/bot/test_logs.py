@@ -17,6 +17,7 @@ import pytest
 from nodbot.bot.config import ConfigError, load_config
 from nodbot.bot.logs import JsonFormatter, TextFormatter
 from nodbot.bot.web import sign_in_link
+from tests.bot.ledger_agent import config_yaml
 from tests.bot.processes import Running, nodbot_serve
 from tests.bot.webhook_receiver import SECRET as WEBHOOK_SECRET
 from tests.bot.webhook_receiver import receiving
@@ -44,24 +45,15 @@ def write_config(
             f"slack: {{bot_token: {slack.bot_token}, signing_secret: {slack.signing_secret}, "
             f"api_url: '{slack.api_url}'}}"
         )
-    path.write_text(
-        f"""{webhooks}
+    settings = f"""{webhooks}
 log: {log}
 {slack_section}
-store: {{url: "sqlite:///{tmp_path / "nodbot.db"}"}}
 server: {{host: 127.0.0.1, port: 0}}
 workers: {{poll: 0.1}}
-web: {{secret: {WEB_SECRET}}}
-api:
-  tokens:
-    - {{name: {lead}, token: {TOKEN}, scopes: [runs:write, approvals:read, approvals:decide]}}
-agents:
-  ledger: tests.bot.ledger_agent:agent
-rules:
-  - tool: refund
-    reviewers: [{lead}]
-    allow_self_approval: true
-"""
+web: {{secret: {WEB_SECRET}}}"""
+    store = f"sqlite:///{tmp_path / 'nodbot.db'}"
+    path.write_text(
+        config_yaml(store, settings=settings, token=TOKEN, lead=lead, self_approval=True)
     )
     return path
 

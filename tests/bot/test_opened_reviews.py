@@ -29,6 +29,7 @@ from nodbot.core import (
     SqlApprovalStore,
 )
 from nodbot.core.outbox import Announcement
+from tests.bot.ledger_agent import config_yaml
 from tests.support import eventually
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -96,15 +97,7 @@ class Recording:
 def write_config(tmp_path: Path) -> Config:
     path = tmp_path / "nodbot.yml"
     path.write_text(
-        f"""
-store: {{url: "sqlite:///{tmp_path / "nodbot.db"}"}}
-workers: {{poll: 60}}
-agents:
-  ledger: tests.bot.ledger_agent:agent
-rules:
-  - tool: refund
-    reviewers: [U0123LEADS]
-"""
+        config_yaml(f"sqlite:///{tmp_path / 'nodbot.db'}", settings="workers: {poll: 60}")
     )
     return load_config(path)
 

@@ -16,6 +16,7 @@ import pytest
 from nodbot.bot.serve import serving
 from nodbot.core import Decision, SqlApprovalStore
 from tests.bot import ledger_agent
+from tests.bot.ledger_agent import config_yaml
 from tests.bot.processes import nodbot_serve
 from tests.bot.webhook_receiver import SECRET, receiving
 from tests.support import eventually, postgres_database
@@ -29,21 +30,8 @@ RUNS = 12
 def config(tmp_path: Path, url: str, name: str, hook: str | None = None) -> Path:
     path = tmp_path / f"{name}.yml"
     webhooks = f"webhooks: [{{name: ops, url: '{hook}', secret: {SECRET}}}]" if hook else ""
-    path.write_text(
-        f"""{webhooks}
-store: {{url: "{url}"}}
-server: {{host: 127.0.0.1, port: 0}}
-api:
-  tokens:
-    - {{name: U0123LEADS, token: {TOKEN}, scopes: [runs:write, approvals:read, approvals:decide]}}
-agents:
-  ledger: tests.bot.ledger_agent:agent
-rules:
-  - tool: refund
-    reviewers: [U0123LEADS]
-    allow_self_approval: true
-"""
-    )
+    settings = f"{webhooks}\nserver: {{host: 127.0.0.1, port: 0}}"
+    path.write_text(config_yaml(url, settings=settings, token=TOKEN, self_approval=True))
     return path
 
 

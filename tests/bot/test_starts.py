@@ -17,6 +17,7 @@ from nodbot.bot import service as service_module
 from nodbot.bot.config import load_agents, load_config
 from nodbot.bot.service import BotService
 from nodbot.core import SqlApprovalStore
+from tests.bot.ledger_agent import config_yaml
 from tests.support import postgres_database
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -26,16 +27,7 @@ ROOT = Path(__file__).resolve().parents[2]
 async def bot(tmp_path: Path, url: str) -> AsyncIterator[tuple[BotService, SqlApprovalStore]]:
     """A bot on the store at `url`, with the ledger agent and no workers."""
     path = tmp_path / "nodbot.yml"
-    path.write_text(
-        f"""
-store: {{url: "{url}"}}
-agents:
-  ledger: tests.bot.ledger_agent:agent
-rules:
-  - tool: refund
-    reviewers: [U0123LEADS]
-"""
-    )
+    path.write_text(config_yaml(url))
     config = load_config(path)
     agents, problems = load_agents(config)
     assert not problems

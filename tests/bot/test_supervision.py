@@ -26,6 +26,7 @@ from nodbot.core import (
     SqlApprovalStore,
     ToolRegistry,
 )
+from tests.bot.ledger_agent import config_yaml
 from tests.support import eventually
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -63,15 +64,7 @@ async def bot(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[
     monkeypatch.chdir(ROOT)  # where tests.bot.ledger_agent is imported from
     path = tmp_path / "nodbot.yml"
     path.write_text(
-        f"""
-store: {{url: "sqlite:///{tmp_path / "nodbot.db"}"}}
-workers: {{poll: 60}}
-agents:
-  ledger: tests.bot.ledger_agent:agent
-rules:
-  - tool: refund
-    reviewers: [U0123LEADS]
-"""
+        config_yaml(f"sqlite:///{tmp_path / 'nodbot.db'}", settings="workers: {poll: 60}")
     )
     config = load_config(path)
     agents, problems = load_agents(config)
