@@ -181,7 +181,7 @@ class Teller:
     async def drain(self) -> None:
         """Wait for the notices on their way (a store closes after)."""
         if self._task is not None:
-            await asyncio.shield(self._task)
+            await asyncio.wait([self._task])  # its end, whatever it was
 
     async def _sending(self) -> None:
         sent: asyncio.Future[None] | None = None

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import logging
 import secrets
 from collections.abc import Callable, Iterator, Sequence
 from datetime import datetime
@@ -44,6 +45,8 @@ from nodbot.core.store import ALREADY_VOTED, CONCURRENT_USE_REASON, TIMEOUT_DECI
 from nodbot.core.tools import canonical_json
 
 __all__ = ["PostgresBackend"]
+
+log = logging.getLogger(__name__)
 
 
 # The chain (n, prev, hash) is filled in by the events_chain trigger (migration 0007)...
@@ -647,7 +650,10 @@ class PostgresBackend:
         if not rows:
             return
         for woken in list(self._woken):
-            woken()
+            try:
+                woken()
+            except Exception:  # a listener's bug must not make a committed decision fail
+                log.exception("a listener of this store's decisions failed")
         if any(heard):
             await self._teller.tell(row["run_id"] for row in rows)
 

@@ -132,6 +132,26 @@ async def test_a_decision_wakes_a_wait_of_the_same_store_without_a_notice(
 
 
 @pytest.mark.postgres
+async def test_a_listener_that_fails_does_not_fail_the_decision(
+    postgres_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    def broken() -> None:
+        raise RuntimeError("the listener's bug")
+
+    async with SqlApprovalStore(postgres_url) as store:
+        listening = await store.listen(broken)
+        try:
+            record = await store.create(ask("call_1"))
+            decided = await store.decide(record.approval_id, ANA)
+        finally:
+            await listening()
+        assert decided.status == "approved"
+        assert (await store.get(record.approval_id)).status == "approved"
+    assert "a listener of this store's decisions failed" in caplog.text
+    assert "the listener's bug" in caplog.text
+
+
+@pytest.mark.postgres
 async def test_a_listener_that_went_away_without_a_word_is_forgotten(postgres_url: str) -> None:
     async with SqlApprovalStore(postgres_url) as store, overheard(postgres_url) as notices:
         # A listener's process died: its session is gone, its entry is left behind.
