@@ -194,13 +194,24 @@ async def by_email(bot: Served, sink: MailSink, folder: Path, auto: str | None) 
     print(email_instructions(bot.mail_port, rcpt, reply_file), flush=True)
 
 
-async def finished(client: httpx.AsyncClient, run_id: str, headers: dict[str, str]) -> Any:
-    """The run, once it has finished or failed."""
-    while True:
-        run = (await client.get(f"/runs/{run_id}", headers=headers)).json()
+async def finished(
+    client: httpx.AsyncClient, run_id: str, headers: dict[str, str], stopped: asyncio.Task[None]
+) -> Any:
+    """The run, once it has finished or failed; None when the bot stopped first (Ctrl-C or
+    SIGTERM while the run waits for a person)."""
+    while not stopped.done():
+        try:
+            run = (await client.get(f"/runs/{run_id}", headers=headers)).json()
+        except httpx.TransportError:
+            # Stopping, the server closes its socket first and its task ends after.
+            await asyncio.wait([stopped], timeout=10)
+            if stopped.done():
+                return None
+            raise
         if run["status"] in ("finished", "failed"):
             return run
-        await asyncio.sleep(0.1)
+        await asyncio.wait([stopped], timeout=0.1)
+    return None
 
 
 def decided_line(approval: dict[str, Any]) -> str:
@@ -208,6 +219,18 @@ def decided_line(approval: dict[str, Any]) -> str:
     decided = [event for event in approval["events"] if event["kind"] == "decided"]
     channel = f" (channel {decided[-1]['channel']})" if decided else ""
     return f"Decided by {approval['decision']['decided_by']}{channel}: {approval['status']}"
+
+
+async def report(
+    client: httpx.AsyncClient, run: Any, approval_id: str, headers: dict[str, str]
+) -> None:
+    """Who decided the review, what the tool did, and how the run ended."""
+    approval = (await client.get(f"/approvals/{approval_id}", headers=headers)).json()
+    print(decided_line(approval))
+    for result in run["tool_results"]:
+        ran = f"ran with {result['arguments']}" if result["arguments"] else "did not run"
+        print(f"The {result['tool']} {ran}: {result['content']}")
+    print(f"Run {run['run_id']} {run['status']}: {run['final_text'] or run['error']}")
 
 
 async def demo(auto: str | None, port: int, keep_serving: bool) -> None:
@@ -250,18 +273,12 @@ async def demo(auto: str | None, port: int, keep_serving: bool) -> None:
                     print(f"Deciding it: {auto}")
                     decide = f"/approvals/{pending['approval_id']}/decide"
                     await client.post(decide, json=ANSWERS[auto], headers=headers)
-                run = await finished(client, run["run_id"], headers)
-                approval = (
-                    await client.get(f"/approvals/{pending['approval_id']}", headers=headers)
-                ).json()
-                print(decided_line(approval))
-                for result in run["tool_results"]:
-                    ran = (
-                        f"ran with {result['arguments']}" if result["arguments"] else "did not run"
-                    )
-                    print(f"The {result['tool']} {ran}: {result['content']}")
-                print(f"Run {run['run_id']} {run['status']}: {run['final_text'] or run['error']}")
-                if keep_serving:
+                run = await finished(client, run["run_id"], headers, bot.stopped)
+                if run is None:
+                    print("The refund still waits for a decision: nodbot stopped first.")
+                else:
+                    await report(client, run, pending["approval_id"], headers)
+                if keep_serving and run is not None:
                     print(f"nodbot keeps serving {bot.url} until Ctrl-C", flush=True)
                     await asyncio.shield(bot.stopped)  # done when Ctrl-C (or SIGTERM) stops it
     print("nodbot stopped (the demo's store is gone with its folder)", flush=True)

@@ -143,6 +143,32 @@ def test_the_bot_demo_keeps_serving_until_ctrl_c_and_says_it_stopped() -> None:
     assert demo.returncode == 0
 
 
+@pytest.mark.parametrize("stop", [signal.SIGINT, signal.SIGTERM])
+def test_the_bot_demo_stopped_while_it_waits_for_a_person_says_so(stop: signal.Signals) -> None:
+    process = subprocess.Popen(
+        [*DEMO, "--port", "0"],  # no --auto: the refund waits for a person
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert process.stdout is not None
+        printed = []
+        while not (line := process.stdout.readline()).startswith("  curl -s smtp://"):
+            assert line, f"the demo ended: {''.join(printed)}{process.communicate()[1]}"
+            printed.append(line)
+        process.send_signal(stop)
+        rest, errors = process.communicate(timeout=30)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.communicate()
+    assert "Traceback" not in errors, errors
+    assert rest.splitlines()[-1].startswith("nodbot stopped"), rest
+    assert process.returncode == 0
+
+
 def test_the_bot_demo_emails_the_review_and_approves_it_by_reply() -> None:
     with demo_serving("email") as demo:
         printed = "\n".join(demo.lines)
