@@ -847,16 +847,17 @@ class PostgresBackend:
         if sole is not None:
             await self._decided([sole])
             return VoteResult("decided", sole)
-        counted = await self._count_vote(approval_id, act, at)
+        counted = await self._count_vote(approval_id, act, at, ballot, actor)
         if counted.result == "decided" and counted.row is not None:
             await self._decided([counted.row])  # once the transaction has committed
         return counted
 
-    async def _count_vote(self, approval_id: str, act: Act, at: datetime) -> VoteResult:
-        """A vote on a review that needs several approvals, counted with the votes before it
-        in one transaction."""
-        ballot, voter = act.decision.model_dump_json(), act.voter
-        actor = act.decision.decided_by or ""
+    async def _count_vote(
+        self, approval_id: str, act: Act, at: datetime, ballot: str, actor: str
+    ) -> VoteResult:
+        """A vote (`ballot`, its Decision as JSON, by `actor`) on a review that needs several
+        approvals, counted with the votes before it in one transaction."""
+        voter = act.voter
 
         async def log(connection: asyncpg.Connection, event: EventValues) -> None:
             await connection.execute(
