@@ -3,8 +3,9 @@
 Each operation is a single statement, so it is its own transaction: the conditional UPDATE
 (or the INSERT ... ON CONFLICT) and the INSERT of its events are one data-modifying CTE.
 Concurrent writers of one row queue on its row lock and re-check the condition, so exactly
-one of them changes it. Only the rare paths (a refusal, a create that met an active record)
-take a second statement.
+one of them changes it. Only the rare paths (a refusal, a create that met an active record,
+a claim whose light statement found no active record to take or show) take a second
+statement.
 """
 
 from __future__ import annotations
@@ -148,6 +149,38 @@ UNION ALL
 SELECT 'active', {COLUMNS}, NULL, NULL FROM approvals
 WHERE run_id = $2 AND call_id = $3 AND finished_at IS NULL
   AND NOT EXISTS (SELECT 1 FROM taken) AND NOT EXISTS (SELECT 1 FROM inserted)"""
+
+# A claim of a call this store claimed before, as the executor resumes it: take the decided
+# record, or else say what the active record is, without `_CLAIM`'s create (a statement of
+# fewer parts costs the server less to set up and run). No active record: claim in full.
+_TAKE = f"""
+WITH taken AS (
+    UPDATE approvals
+    SET consumed_at = $5,
+        finished_at = CASE WHEN status = 'denied' THEN $5::timestamptz END,
+        outcome = CASE WHEN status = 'denied' THEN 'denied' END
+    WHERE run_id = $1 AND call_id = $2 AND finished_at IS NULL
+      AND decided_at IS NOT NULL AND consumed_at IS NULL AND tool = $3 AND digest = $4
+    RETURNING {COLUMNS}
+), logged AS (
+    {_CHAINED}
+    SELECT approval_id, 'consumed', $5::timestamptz, $6::text, 'executor', '{{}}', NULL,
+           CASE WHEN approval_id = $8 THEN $9::integer END,
+           CASE WHEN approval_id = $8 THEN $10::text END,
+           CASE WHEN approval_id = $8 THEN $11::text END
+    FROM taken WHERE {_LOCKED}
+    UNION ALL
+    SELECT approval_id, 'finished', $5::timestamptz, NULL, 'executor', $7::text, NULL,
+           CASE WHEN approval_id = $8 THEN $9::integer + 1 END,
+           CASE WHEN approval_id = $8 THEN $11::text END,
+           CASE WHEN approval_id = $8 THEN $12::text END
+    FROM taken WHERE status = 'denied' AND {_LOCKED}
+    RETURNING n, hash
+)
+SELECT 'taken' AS claimed, {COLUMNS}, {_LINK} FROM taken
+UNION ALL
+SELECT 'active', {COLUMNS}, NULL, NULL FROM approvals
+WHERE run_id = $1 AND call_id = $2 AND finished_at IS NULL AND NOT EXISTS (SELECT 1 FROM taken)"""
 
 _ACTIVE = f"""
 SELECT {COLUMNS} FROM approvals WHERE run_id = $1 AND call_id = $2 AND finished_at IS NULL"""
@@ -720,10 +753,26 @@ class PostgresBackend:
         # A decided record of the call is taken with its events chained after the link of the
         # review this store last claimed the call as (if the record is that review). A call
         # claimed here before is seldom made a new record: that one is chained by the trigger.
+        # Most claims need one part of `_CLAIM` only, and a statement of fewer parts costs the
+        # server less to set up and run: a call this store has not claimed is most often new
+        # (`_CREATE` makes it, or finds its active record); one it has claimed is most often
+        # resumed (`_TAKE`). `_CLAIM` whole is the fallback, when the record either needs is
+        # not there (or not visible to its snapshot yet).
         known = self._links.review_of(request.run_id, request.call_id)
         created = None
         if known is None:
             created = self._links.first(row["approval_id"], event_at, created_event(row))
+            record = await self._pool.fetchrow(_CREATE, *_new_arguments(row, event_at), created)
+            if record is not None:
+                made = record["chain_n"] is not None
+                found = self._learned(record)
+                if made:
+                    return Claimed("pending", found, created=True)
+                return await self._claimed("active", found, request, event_at, actor)
+        else:
+            seen = await self._take(request, row, event_at, actor, known)
+            if seen is not None:
+                return await self._claimed(seen.pop("claimed"), seen, request, event_at, actor)
         arguments = (*_new_arguments(row, event_at), actor, denied, created)
 
         def chained(remembered: bool) -> tuple[Any, ...]:
@@ -737,7 +786,36 @@ class PostgresBackend:
             # The active record was made by a transaction that ended after this statement's
             # snapshot: claim again, now that it can be seen.
             active = await self._chained(_CLAIM, None, lambda remembered: chained(False))
-        claimed = active.pop("claimed")
+        return await self._claimed(active.pop("claimed"), active, request, event_at, actor)
+
+    async def _take(
+        self, request: ApprovalRequest, row: Row, event_at: datetime, actor: str | None, known: str
+    ) -> Row | None:
+        """`_TAKE` of the call this store last claimed as the review `known`: the decided
+        record taken, or the active one; None when the call has no active record."""
+        arguments = (
+            *(request.run_id, request.call_id, row["tool"], row["digest"], event_at, actor),
+            detail("outcome", "denied"),
+        )
+
+        def chained(remembered: bool) -> tuple[Any, ...]:
+            if not remembered:
+                return (*arguments, None, *_flat(_UNCHAINED))
+            taken = (EventValues("consumed", actor, "executor", "{}"), _finished_denied)
+            return (*arguments, known, *_flat(self._links.after(known, event_at, taken)))
+
+        return await self._chained(_TAKE, known, chained)
+
+    async def _claimed(
+        self,
+        claimed: str,
+        active: Row,
+        request: ApprovalRequest,
+        event_at: datetime,
+        actor: str | None,
+    ) -> Claimed:
+        """What a claim statement said of the call's record `active`: `claimed` it is
+        `taken`, `created`, or `active` (then what it is to the request decides)."""
         if claimed == "taken":
             return Claimed("taken", active)
         if claimed == "created":
