@@ -104,19 +104,47 @@ SELECT {COLUMNS}, NULL, NULL FROM approvals
 WHERE run_id = $2 AND call_id = $3 AND finished_at IS NULL
   AND NOT EXISTS (SELECT 1 FROM inserted)"""
 
+
+def _taking(run: int, call: int, tool: int, digest: int, at: int) -> str:
+    """A claim's `taken` part: the call's decided record (parameters `$run`, `$call`, made
+    for `$tool` and `$digest`) consumed at `$at`, and finished at once if it was denied."""
+    return f"""taken AS (
+    UPDATE approvals
+    SET consumed_at = ${at},
+        finished_at = CASE WHEN status = 'denied' THEN ${at}::timestamptz END,
+        outcome = CASE WHEN status = 'denied' THEN 'denied' END
+    WHERE run_id = ${run} AND call_id = ${call} AND finished_at IS NULL
+      AND decided_at IS NOT NULL AND consumed_at IS NULL AND tool = ${tool}
+      AND digest = ${digest}
+    RETURNING {COLUMNS}
+)"""
+
+
+def _taken_events(at: int, actor: int, denied: int, review: int, first: int) -> str:
+    """The events of what `_taking` took, at `$at` by `$actor` (`$denied` the detail of a
+    denial's `finished`), chained by the statement when the record is the review `$review`:
+    `$first` the first one's n, then its prev, then each one's hash."""
+    prev, consumed, finished = first + 1, first + 2, first + 3
+    return f"""SELECT approval_id, 'consumed', ${at}::timestamptz, ${actor}::text, 'executor',
+           '{{}}', NULL,
+           CASE WHEN approval_id = ${review} THEN ${first}::integer END,
+           CASE WHEN approval_id = ${review} THEN ${prev}::text END,
+           CASE WHEN approval_id = ${review} THEN ${consumed}::text END
+    FROM taken WHERE {_LOCKED}
+    UNION ALL
+    SELECT approval_id, 'finished', ${at}::timestamptz, NULL, 'executor', ${denied}::text,
+           NULL,
+           CASE WHEN approval_id = ${review} THEN ${first}::integer + 1 END,
+           CASE WHEN approval_id = ${review} THEN ${consumed}::text END,
+           CASE WHEN approval_id = ${review} THEN ${finished}::text END
+    FROM taken WHERE status = 'denied' AND {_LOCKED}"""
+
+
 # A claim in one statement: take the call's decided record, or else create it, or else say
 # what the active record is. All parts see one snapshot; a record another transaction made
 # or changed meanwhile is settled by the caller (see PostgresBackend.claim).
 _CLAIM = f"""
-WITH taken AS (
-    UPDATE approvals
-    SET consumed_at = $10,
-        finished_at = CASE WHEN status = 'denied' THEN $10::timestamptz END,
-        outcome = CASE WHEN status = 'denied' THEN 'denied' END
-    WHERE run_id = $2 AND call_id = $3 AND finished_at IS NULL
-      AND decided_at IS NOT NULL AND consumed_at IS NULL AND tool = $4 AND digest = $6
-    RETURNING {COLUMNS}
-), inserted AS (
+WITH {_taking(run=2, call=3, tool=4, digest=6, at=10)}, inserted AS (
     INSERT INTO approvals ({_NEW_COLUMNS})
     SELECT $1::text, $2::text, $3::text, $4::text, $5::text, $6::text, $7::text, $8::text,
            $9::timestamptz, $11::timestamptz, $12::text, $13::text, $14::integer
@@ -129,17 +157,7 @@ WITH taken AS (
            CASE WHEN $17::text IS NOT NULL THEN 1 END, NULL, $17::text
     FROM inserted
     UNION ALL
-    SELECT approval_id, 'consumed', $10::timestamptz, $15::text, 'executor', '{{}}', NULL,
-           CASE WHEN approval_id = $18 THEN $19::integer END,
-           CASE WHEN approval_id = $18 THEN $20::text END,
-           CASE WHEN approval_id = $18 THEN $21::text END
-    FROM taken WHERE {_LOCKED}
-    UNION ALL
-    SELECT approval_id, 'finished', $10::timestamptz, NULL, 'executor', $16::text, NULL,
-           CASE WHEN approval_id = $18 THEN $19::integer + 1 END,
-           CASE WHEN approval_id = $18 THEN $21::text END,
-           CASE WHEN approval_id = $18 THEN $22::text END
-    FROM taken WHERE status = 'denied' AND {_LOCKED}
+    {_taken_events(at=10, actor=15, denied=16, review=18, first=19)}
     RETURNING n, hash
 ), {_COUNT_CREATED}
 SELECT 'taken' AS claimed, {COLUMNS}, {_LINK} FROM taken
@@ -154,27 +172,9 @@ WHERE run_id = $2 AND call_id = $3 AND finished_at IS NULL
 # record, or else say what the active record is, without `_CLAIM`'s create (a statement of
 # fewer parts costs the server less to set up and run). No active record: claim in full.
 _TAKE = f"""
-WITH taken AS (
-    UPDATE approvals
-    SET consumed_at = $5,
-        finished_at = CASE WHEN status = 'denied' THEN $5::timestamptz END,
-        outcome = CASE WHEN status = 'denied' THEN 'denied' END
-    WHERE run_id = $1 AND call_id = $2 AND finished_at IS NULL
-      AND decided_at IS NOT NULL AND consumed_at IS NULL AND tool = $3 AND digest = $4
-    RETURNING {COLUMNS}
-), logged AS (
+WITH {_taking(run=1, call=2, tool=3, digest=4, at=5)}, logged AS (
     {_CHAINED}
-    SELECT approval_id, 'consumed', $5::timestamptz, $6::text, 'executor', '{{}}', NULL,
-           CASE WHEN approval_id = $8 THEN $9::integer END,
-           CASE WHEN approval_id = $8 THEN $10::text END,
-           CASE WHEN approval_id = $8 THEN $11::text END
-    FROM taken WHERE {_LOCKED}
-    UNION ALL
-    SELECT approval_id, 'finished', $5::timestamptz, NULL, 'executor', $7::text, NULL,
-           CASE WHEN approval_id = $8 THEN $9::integer + 1 END,
-           CASE WHEN approval_id = $8 THEN $11::text END,
-           CASE WHEN approval_id = $8 THEN $12::text END
-    FROM taken WHERE status = 'denied' AND {_LOCKED}
+    {_taken_events(at=5, actor=6, denied=7, review=8, first=9)}
     RETURNING n, hash
 )
 SELECT 'taken' AS claimed, {COLUMNS}, {_LINK} FROM taken
