@@ -706,6 +706,12 @@ class PostgresBackend:
         self._links.learn(row, link)
         return row
 
+    def _taken_chain(self, approval_id: str, at: datetime, actor: str | None) -> tuple[Any, ...]:
+        """The chain values of a take of the review (its `consumed` event, and the
+        `finished` of a denial), spread as the statements that take it want them."""
+        taken = (EventValues("consumed", actor, "executor", "{}"), _finished_denied)
+        return _flat(self._links.after(approval_id, at, taken))
+
     async def _chained(
         self, query: str, approval_id: str | None, arguments: Callable[[bool], Sequence[Any]]
     ) -> Row | None:
@@ -783,8 +789,7 @@ class PostgresBackend:
         def chained(remembered: bool) -> tuple[Any, ...]:
             if known is None or not remembered:
                 return (*arguments, None, *_flat(_UNCHAINED))
-            taken = (EventValues("consumed", actor, "executor", "{}"), _finished_denied)
-            return (*arguments, known, *_flat(self._links.after(known, event_at, taken)))
+            return (*arguments, known, *self._taken_chain(known, event_at, actor))
 
         active = await self._chained(_CLAIM, known, chained)
         while active is None:
@@ -806,8 +811,7 @@ class PostgresBackend:
         def chained(remembered: bool) -> tuple[Any, ...]:
             if not remembered:
                 return (*arguments, None, *_flat(_UNCHAINED))
-            taken = (EventValues("consumed", actor, "executor", "{}"), _finished_denied)
-            return (*arguments, known, *_flat(self._links.after(known, event_at, taken)))
+            return (*arguments, known, *self._taken_chain(known, event_at, actor))
 
         return await self._chained(_TAKE, known, chained)
 
@@ -991,8 +995,7 @@ class PostgresBackend:
         def chained(remembered: bool) -> tuple[Any, ...]:
             if not remembered:
                 return (*arguments, *_flat(_UNCHAINED))
-            events = (EventValues("consumed", actor, "executor", "{}"), _finished_denied)
-            return (*arguments, *_flat(self._links.after(approval_id, at, events)))
+            return (*arguments, *self._taken_chain(approval_id, at, actor))
 
         changed = await self._chained(_CONSUME, approval_id, chained)
         if changed is not None:
