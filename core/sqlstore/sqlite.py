@@ -431,7 +431,12 @@ class SqliteBackend:
     async def _transaction(self, work: Callable[[sqlite3.Connection], T]) -> T:
         """Run `work` in one write transaction; the write lock is taken first (IMMEDIATE),
         so `work` never waits for another writer half-way."""
-        await self._patiently(lambda: self._db.execute("BEGIN IMMEDIATE"))
+        try:
+            self._db.execute("BEGIN IMMEDIATE")
+        except sqlite3.OperationalError as error:
+            if not _is_busy(error):
+                raise
+            await self._patiently(lambda: self._db.execute("BEGIN IMMEDIATE"))
         try:
             result = work(self._db)
             self._db.execute("COMMIT")
@@ -496,16 +501,15 @@ class SqliteBackend:
                 taken = self._take(db, decided, request, now)
                 if taken is not None:
                     return self._taken(db, taken, event_at, actor)
-            # Otherwise the call's active record is read first (a read, where an UPDATE that
-            # finds nothing would be a write statement for every new review); then it is
-            # made, or taken, or said why it cannot be. The write lock is held throughout, so
-            # nothing changes between these statements.
-            active = _row(db.execute(_SELECT_ACTIVE, key).fetchone())
-            if active is None:
-                created = self._insert(db, new_row(), event_at)
-                if created is None:  # cannot be: the lock is held and there was none
-                    raise AssertionError(f"call {key} has an active record after all")
+            # Otherwise the call's review is made, unless it has an active record (the insert
+            # does nothing then); that record is read and taken, or said why it cannot be.
+            # The write lock is held throughout, so nothing changes between these statements.
+            created = self._insert(db, new_row(), event_at)
+            if created is not None:
                 return Claimed("pending", created, created=True)
+            active = _row(db.execute(_SELECT_ACTIVE, key).fetchone())
+            if active is None:  # cannot be: the lock is held and the insert found one
+                raise AssertionError(f"call {key} has no active record after all")
             step = claim_step(active, request)
             if step == "take":
                 found = (active["approval_id"], active["status"])

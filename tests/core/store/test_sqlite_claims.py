@@ -26,6 +26,21 @@ async def kinds(url: str, approval_id: str) -> list[str]:
         return [event.kind for event in await store.events(approval_id)]
 
 
+async def test_a_new_call_is_made_pending_without_reading_for_its_record(url: str) -> None:
+    async with SqlApprovalStore(url) as store:
+        sent = traced(store)
+        claim = await store.claim(ask("c1"))
+        assert claim.outcome == "pending"
+        # Asked again, undecided: the insert finds the active record, which is then read.
+        again = await store.claim(ask("c1"))
+        assert again.outcome == "pending"
+        assert again.record.approval_id == claim.record.approval_id
+        assert (await store.claim(ask("c1", amount=9999.0))).outcome == "mismatch"
+    reads = [s for s in sent if s.startswith(RECORD_READ)]
+    assert len(reads) == 2  # the second claim's and the third's, not the first's
+    assert await kinds(url, claim.record.approval_id) == ["created"]
+
+
 @pytest.mark.parametrize("approved", [True, False])
 async def test_a_call_decided_here_is_taken_without_reading_its_record(
     url: str, approved: bool
