@@ -7,7 +7,7 @@ runs in the benchmark's process, so the benchmark reads both directly, on the sa
 Order ids must be unique per run for the figures to mean anything. The tool returns at once,
 so it is declared `blocking=False` and runs on the bot's loop, as such a tool should: sent to
 a thread, as a tool that may block is, its hand-off cost the bot 0.25 ms of CPU an approval
-(2.84 against 2.59 ms, 20 runs at once, medians of 3 rounds, 600 runs each).
+(2.85 against 2.60 ms, 20 runs at once, medians of 6 rounds of 600 runs).
 
 The bot imports it as `bench.bot_agent:agent` (from the repository's root); the benchmark must
 import it under the same name to see the same dictionaries.
