@@ -423,6 +423,12 @@ class Backend(Protocol):
         """Finish a consumed, unfinished record."""
         ...
 
+    async def finish_known(self, approval_id: str, at: datetime, outcome: str) -> datetime | None:
+        """`finish` for a caller that knows the record (it took it): the record is not read
+        back. The finish time as stored, or None when nothing was finished (`finish` then
+        says why)."""
+        ...
+
     async def event_rows(self, approval_id: str | None) -> list[EventRow]:
         """Events in order, of one approval or all."""
         ...

@@ -16,7 +16,7 @@ import logging
 import secrets
 from collections.abc import Callable, Iterator, Sequence
 from datetime import datetime
-from typing import Any, TypeAlias
+from typing import Any, TypeAlias, cast
 
 import asyncpg
 
@@ -1027,6 +1027,10 @@ class PostgresBackend:
         if changed is not None:
             return Change(changed, None)
         return Change(None, await self.get(approval_id))
+
+    async def finish_known(self, approval_id: str, at: datetime, outcome: str) -> datetime | None:
+        change = await self.finish(approval_id, at, outcome)  # one statement either way
+        return None if change.changed is None else cast(datetime, change.changed["finished_at"])
 
     async def event_rows(self, approval_id: str | None) -> list[EventRow]:
         query = "SELECT seq, approval_id, kind, at, actor, channel, detail, person FROM events"

@@ -669,6 +669,17 @@ class SqliteBackend:
             at,
         )
 
+    async def finish_known(self, approval_id: str, at: datetime, outcome: str) -> datetime | None:
+        stored = _text(at)
+
+        def work(db: sqlite3.Connection) -> bool:
+            if db.execute(_FINISH, (stored, outcome, approval_id)).fetchone() is None:
+                return False
+            self._append(db, approval_id, at, _finished_event(outcome))
+            return True
+
+        return _moment(stored) if await self._transaction(work) else None
+
     async def _update(
         self,
         approval_id: str,

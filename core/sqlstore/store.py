@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from datetime import datetime, timedelta
 from typing import Any, TypeAlias, cast
 from urllib.parse import urlencode
@@ -74,6 +75,8 @@ __all__ = ["DEFAULT_LOCK_TIMEOUT", "SqlApprovalStore"]
 
 DEFAULT_LOCK_TIMEOUT = 30.0
 """Seconds a SQLite write waits for another process's write lock before it fails."""
+TAKEN_KEPT = 4096
+"""How many taken, unfinished records a store keeps to finish without reading them back."""
 
 Clock: TypeAlias = Callable[[], datetime]
 _MESSAGES: TypeAdapter[list[Message]] = TypeAdapter(list[Message])
@@ -130,6 +133,10 @@ class SqlApprovalStore:
         self._backend: Backend | None = None
         self._opening = asyncio.Lock()
         self._drafts = Drafts()
+        self._taken: dict[str, ApprovalRecord] = {}
+        """The records this store's claims took lately and no call has finished, as taken: a
+        taken record changes no more but for its finish, so `finish` records it without
+        reading it back (at most `TAKEN_KEPT`, the oldest forgotten first)."""
         self.sessions = SqlSessionRevocations(self.url, ready=self.open, clock=clock)
         """The web inbox's ended sessions, in this database (`core.sqlstore.sessions`)."""
         self.remembered = SqlRememberedApprovals(self.url, ready=self.open, clock=clock)
@@ -184,7 +191,12 @@ class SqlApprovalStore:
             claimed = await backend.claim(request, lambda: _new_row(request, now), now, actor)
         if claimed.created:
             return Claim(_made(claimed.row, request), "pending")
-        return Claim(_record(claimed.row), claimed.outcome)
+        record = _record(claimed.row)
+        if claimed.outcome == "taken" and record.finished_at is None:
+            self._taken[record.approval_id] = record
+            while len(self._taken) > TAKEN_KEPT:  # the oldest first
+                del self._taken[next(iter(self._taken))]
+        return Claim(record, claimed.outcome)
 
     async def get(self, approval_id: str) -> ApprovalRecord:
         await self._undraft(approval_id=approval_id)
@@ -300,8 +312,15 @@ class SqlApprovalStore:
     async def finish(self, approval_id: str, *, outcome: str) -> ApprovalRecord:
         await self._undraft(approval_id=approval_id)
         backend = await self._ready()
+        now = self._clock()
+        taken = self._taken.pop(approval_id, None)
+        if taken is not None:  # as this store took it: only its finish can have changed
+            with self._errors():
+                finished_at = await backend.finish_known(approval_id, now, outcome)
+            if finished_at is not None:
+                return replace(taken, finished_at=finished_at, outcome=outcome)
         with self._errors():
-            change = await backend.finish(approval_id, self._clock(), outcome)
+            change = await backend.finish(approval_id, now, outcome)
         if change.changed is not None:
             return _record(change.changed)
         if change.existing is None:

@@ -1,6 +1,8 @@
 """A SQLite connection that decided a review takes the call's next claim of it with one
 statement, without reading the record first; a record changed since by another connection is
-claimed as if nothing were known (invariant 2: a decision runs at most one call)."""
+claimed as if nothing were known (invariant 2: a decision runs at most one call). A new call's
+review is made without a read first, and a call a store took is finished without its record
+read back."""
 
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ import pytest
 
 from nodbot.core import Decision, SqlApprovalStore
 from nodbot.core.sqlstore.audit import verify
+from nodbot.core.sqlstore.backend import COLUMNS
 from tests.core.store.conftest import ask, traced
 
 RECORD_READ = "SELECT approval_id, run_id, call_id"
@@ -82,6 +85,44 @@ async def test_a_decision_taken_by_another_connection_since_is_in_use(url: str) 
         "refused",
         "finished",
     ]
+    assert (await verify(url)).ok
+
+
+@pytest.mark.parametrize("outcome", ["ok", "tool-error"])
+async def test_a_call_taken_here_is_finished_without_reading_its_record(
+    url: str, outcome: str
+) -> None:
+    async with SqlApprovalStore(url) as store:
+        approval_id = (await store.claim(ask("c1"))).record.approval_id
+        await store.decide(approval_id, Decision(approved=True, decided_by="ana"))
+        taken = (await store.claim(ask("c1"), actor="worker")).record
+        sent = traced(store)
+        finished = await store.finish(approval_id, outcome=outcome)
+        reads = [s for s in sent if s.startswith(RECORD_READ) or f"RETURNING {COLUMNS}" in s]
+        assert reads == []
+        # What it answers is the record as stored: the taken one, finished.
+        assert finished == await store.get(approval_id)
+        assert finished.finished_at is not None and finished.outcome == outcome
+        assert finished.consumed_at == taken.consumed_at
+        assert finished.decision == taken.decision
+        # Finishing twice changes nothing.
+        assert await store.finish(approval_id, outcome="other") == finished
+    assert await kinds(url, approval_id) == ["created", "decided", "consumed", "finished"]
+    assert (await verify(url)).ok
+
+
+async def test_a_call_taken_here_and_finished_by_another_store_is_not_finished_again(
+    url: str,
+) -> None:
+    async with SqlApprovalStore(url) as one, SqlApprovalStore(url) as other:
+        approval_id = (await one.claim(ask("c1"))).record.approval_id
+        await one.decide(approval_id, Decision(approved=True, decided_by="ana"))
+        assert (await one.claim(ask("c1"), actor="w1")).outcome == "taken"
+        first = await other.finish(approval_id, outcome="cancelled")
+        # `one` took it, but the record is finished: its finish says so, as stored.
+        again = await one.finish(approval_id, outcome="ok")
+        assert again == first and again.outcome == "cancelled"
+    assert await kinds(url, approval_id) == ["created", "decided", "consumed", "finished"]
     assert (await verify(url)).ok
 
 
