@@ -423,6 +423,20 @@ class Backend(Protocol):
         """Finish a consumed, unfinished record."""
         ...
 
+    async def take_known(
+        self,
+        approval_id: str,
+        status: str,
+        request: ApprovalRequest,
+        at: datetime,
+        actor: str | None,
+    ) -> datetime | None:
+        """The part of `claim` that takes the call's active record, for a caller that knows
+        it decided (`status`) and made for the request's tool and arguments: the record is
+        not read back. The time it was consumed, as stored; None when it was not taken this
+        way (it was not so any more, or the backend has no such shortcut): `claim` then."""
+        ...
+
     async def finish_known(self, approval_id: str, at: datetime, outcome: str) -> datetime | None:
         """`finish` for a caller that knows the record (it took it): the record is not read
         back. The finish time as stored, or None when nothing was finished (`finish` then

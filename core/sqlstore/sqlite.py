@@ -103,14 +103,20 @@ _CONSUME_WHERE = "decided_at IS NOT NULL AND consumed_at IS NULL"
 # partial index approvals_active_call even when the value stays NULL (a page more a cycle).
 _TAKE_WHERE = (
     "approval_id = ? AND run_id = ? AND call_id = ? AND tool = ? AND digest = ? "
-    f"AND status = ? AND finished_at IS NULL AND {_CONSUME_WHERE} RETURNING {COLUMNS}"
+    f"AND status = ? AND finished_at IS NULL AND {_CONSUME_WHERE}"
 )
+_TAKE_SET = {
+    "approved": "consumed_at = ?",
+    "denied": "consumed_at = ?, finished_at = ?, outcome = 'denied'",
+}
 _TAKE = {
-    "approved": f"UPDATE approvals SET consumed_at = ? WHERE {_TAKE_WHERE}",
-    "denied": (
-        "UPDATE approvals SET consumed_at = ?, finished_at = ?, outcome = 'denied' "
-        f"WHERE {_TAKE_WHERE}"
-    ),
+    status: f"UPDATE approvals SET {assignments} WHERE {_TAKE_WHERE} RETURNING {COLUMNS}"
+    for status, assignments in _TAKE_SET.items()
+}
+# The same for a caller that knows the record (`take_known`): nothing read back.
+_TAKE_KNOWN = {
+    status: f"UPDATE approvals SET {assignments} WHERE {_TAKE_WHERE} RETURNING 1"
+    for status, assignments in _TAKE_SET.items()
 }
 _FINISH_SET = "finished_at = ?, outcome = ?"
 _FINISH_WHERE = "consumed_at IS NOT NULL AND finished_at IS NULL"
@@ -306,6 +312,25 @@ def _keep_newest(remembered: dict[Any, Any]) -> None:
 
 def _finished_event(outcome: str) -> EventValues:
     return EventValues("finished", None, "executor", detail("outcome", outcome))
+
+
+def _execute_take(
+    db: sqlite3.Connection,
+    statements: dict[str, str],
+    decided: tuple[str, str],
+    request: ApprovalRequest,
+    now: str,
+) -> Sequence[Any] | None:
+    """The row `statements[status]` returns when it consumes `decided` (a record's id and
+    status) for `request`; None when the record is not so any more, or has no such status."""
+    approval_id, status = decided
+    statement = statements.get(status)
+    if statement is None:
+        return None
+    moments = (now,) if status == "approved" else (now, now)
+    where = (approval_id, request.run_id, request.call_id, request.tool, request.digest)
+    found: Sequence[Any] | None = db.execute(statement, (*moments, *where, status)).fetchone()
+    return found
 
 
 def _is_busy(error: sqlite3.OperationalError) -> bool:
@@ -524,19 +549,34 @@ class SqliteBackend:
 
         return await self._transaction(work)
 
+    async def take_known(
+        self,
+        approval_id: str,
+        status: str,
+        request: ApprovalRequest,
+        at: datetime,
+        actor: str | None,
+    ) -> datetime | None:
+        now = _text(at)
+
+        def work(db: sqlite3.Connection) -> bool:
+            self._decided.pop((request.run_id, request.call_id), None)  # taken here, or not
+            if _execute_take(db, _TAKE_KNOWN, (approval_id, status), request, now) is None:
+                return False
+            link = None
+            for event in consumed_events({"status": status}, actor):
+                link = self._append(db, approval_id, at, event, after=link)
+            return True
+
+        return _moment(now) if await self._transaction(work) else None
+
     @staticmethod
     def _take(
         db: sqlite3.Connection, decided: tuple[str, str], request: ApprovalRequest, now: str
     ) -> Row | None:
         """Consume the call's active record `decided` (its id and status) if it is still
         decided and unused and was made for this tool and these arguments; None if not."""
-        approval_id, status = decided
-        statement = _TAKE.get(status)
-        if statement is None:
-            return None
-        moments = (now,) if status == "approved" else (now, now)
-        where = (approval_id, request.run_id, request.call_id, request.tool, request.digest)
-        return _row(db.execute(statement, (*moments, *where, status)).fetchone())
+        return _row(_execute_take(db, _TAKE, decided, request, now))
 
     def _taken(
         self, db: sqlite3.Connection, taken: Row, event_at: datetime, actor: str | None

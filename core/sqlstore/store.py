@@ -133,6 +133,11 @@ class SqlApprovalStore:
         self._backend: Backend | None = None
         self._opening = asyncio.Lock()
         self._drafts = Drafts()
+        self._decided: dict[tuple[str, str], ApprovalRecord] = {}
+        """The records this store decided lately, by their call (run id, call id), as
+        decided: a decided record changes no more until a claim takes it, so the call's next
+        claim takes it without reading it back (at most `TAKEN_KEPT`); a claim that finds it
+        changed since claims as if it were not here."""
         self._taken: dict[str, ApprovalRecord] = {}
         """The records this store's claims took lately and no call has finished, as taken: a
         taken record changes no more but for its finish, so `finish` records it without
@@ -187,16 +192,50 @@ class SqlApprovalStore:
             if row is new:
                 return Claim(_made(row, request), "pending")
             return Claim(_record(row), step)
+        decided = self._decided.pop((request.run_id, request.call_id), None)
+        if decided is not None and decided.request.digest == request.digest:
+            taken = await self._take_known(backend, decided, request, now, actor)
+            if taken is not None:
+                return Claim(taken, "taken")
         with self._errors():
             claimed = await backend.claim(request, lambda: _new_row(request, now), now, actor)
         if claimed.created:
             return Claim(_made(claimed.row, request), "pending")
         record = _record(claimed.row)
         if claimed.outcome == "taken" and record.finished_at is None:
-            self._taken[record.approval_id] = record
-            while len(self._taken) > TAKEN_KEPT:  # the oldest first
-                del self._taken[next(iter(self._taken))]
+            _keep(self._taken, record.approval_id, record)
         return Claim(record, claimed.outcome)
+
+    async def _take_known(
+        self,
+        backend: Backend,
+        decided: ApprovalRecord,
+        request: ApprovalRequest,
+        now: datetime,
+        actor: str | None,
+    ) -> ApprovalRecord | None:
+        """The record `decided`, as this store decided it, taken for `request` without
+        reading it back; None when the backend did not take it so (`claim` then)."""
+        assert decided.decision is not None
+        status = "approved" if decided.decision.approved else "denied"
+        if decided.request.tool != request.tool:
+            return None
+        with self._errors():
+            at = await backend.take_known(decided.approval_id, status, request, now, actor)
+        if at is None:
+            return None
+        if status == "denied":  # a denial runs nothing: finished when it is taken
+            return replace(decided, consumed_at=at, finished_at=at, outcome="denied")
+        taken = replace(decided, consumed_at=at)
+        _keep(self._taken, taken.approval_id, taken)
+        return taken
+
+    def _decided_here(self, record: ApprovalRecord) -> ApprovalRecord:
+        """Remember `record`, just decided by this store, for the call's next claim; return
+        it."""
+        if record.decision is not None and record.consumed_at is None:
+            _keep(self._decided, (record.request.run_id, record.request.call_id), record)
+        return record
 
     async def get(self, approval_id: str) -> ApprovalRecord:
         await self._undraft(approval_id=approval_id)
@@ -243,7 +282,7 @@ class SqlApprovalStore:
         with self._errors():
             change = await backend.decide(approval_id, act, self._clock())
         if change.changed is not None:
-            return _record(change.changed)
+            return self._decided_here(_record(change.changed))
         if change.existing is None:
             raise ApprovalNotFound(approval_id=approval_id)
         earlier = _record(change.existing).decision
@@ -275,7 +314,7 @@ class SqlApprovalStore:
             raise ApprovalAlreadyDecided(approval_id=approval_id, decided_by=first)
         if outcome.result == "voted_before":
             raise ApprovalAlreadyVoted(approval_id=approval_id, voter=act.voter)
-        return record
+        return self._decided_here(record) if outcome.result == "decided" else record
 
     async def refuse(
         self,
@@ -663,6 +702,14 @@ class SqlApprovalStore:
 
     def _errors(self) -> translate_errors:
         return translate_errors(self.url)
+
+
+def _keep(kept: dict[Any, ApprovalRecord], key: Any, record: ApprovalRecord) -> None:
+    """Keep `record` in `kept` under `key`, and at most `TAKEN_KEPT` records (the oldest are
+    forgotten first)."""
+    kept[key] = record
+    while len(kept) > TAKEN_KEPT:
+        del kept[next(iter(kept))]
 
 
 def _sqlite_target(url: URL) -> tuple[str, bool]:

@@ -58,7 +58,10 @@ async def test_a_call_decided_here_is_taken_without_reading_its_record(
         # A denial runs nothing: it is finished the moment it is taken.
         assert (claim.record.finished_at is not None) is not approved
         assert claim.record.outcome == (None if approved else "denied")
-    assert [s for s in sent if s.startswith(RECORD_READ)] == []
+        reads = [s for s in sent if s.startswith(RECORD_READ) or f"RETURNING {COLUMNS}" in s]
+        # Nor read back: the record it answers is the decided one, taken, as stored.
+        assert claim.record == await store.get(approval_id)
+    assert reads == []
     expected = ["created", "decided", "consumed"] + ([] if approved else ["finished"])
     assert await kinds(url, approval_id) == expected
     assert (await verify(url)).ok
