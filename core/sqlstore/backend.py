@@ -415,6 +415,16 @@ class Backend(Protocol):
         2; see `SqlApprovalStore.outcome_stage`)."""
         ...
 
+    async def decide_known(
+        self, known: Row, act: Act, at: datetime, *, vote: bool = False, outcome_stage: bool = True
+    ) -> datetime | None:
+        """`decide` (or, with `vote`, a sole vote that decides: `vote` on a review that needs
+        one approval) for a caller that knows the record pending: `known` holds its
+        `approval_id`, `run_id`, `call_id` and `digest`, and it is not read back. The time it
+        was decided, as stored; None when nothing was decided so (it was decided since, or
+        needs more votes, or the backend has no such shortcut): `decide` or `vote` then."""
+        ...
+
     async def consume(self, approval_id: str, at: datetime, actor: str | None) -> Change:
         """Take a decided, unconsumed decision; a denial is finished at once."""
         ...

@@ -1028,6 +1028,11 @@ class PostgresBackend:
             return Change(changed, None)
         return Change(None, await self.get(approval_id))
 
+    async def decide_known(
+        self, known: Row, act: Act, at: datetime, *, vote: bool = False, outcome_stage: bool = True
+    ) -> datetime | None:
+        return None  # `decide` and `vote` are one statement each anyway
+
     async def take_known(
         self,
         approval_id: str,

@@ -138,6 +138,13 @@ _SOLE_VOTE_TOLD = _SOLE_VOTE.replace(
     "decided_at = ?, announced = CASE WHEN announced = 1 THEN 2 ELSE announced END ",
     1,
 )
+# The same two for a caller that knows the record (`decide_known`): nothing read back.
+_SOLE_VOTE_KNOWN = _SOLE_VOTE.replace(f"RETURNING {COLUMNS}", "RETURNING 1")
+_SOLE_VOTE_TOLD_KNOWN = _SOLE_VOTE_TOLD.replace(f"RETURNING {COLUMNS}", "RETURNING 1")
+_DECIDE_KNOWN = (
+    "UPDATE approvals SET decision = ?, status = ?, decided_at = ? "
+    "WHERE approval_id = ? AND decision IS NULL RETURNING 1"
+)
 _INSERT_VOTE = "INSERT INTO votes (approval_id, voter, decision, at) VALUES (?, ?, ?, ?)"
 _EXPIRE = (
     "UPDATE approvals SET decision = CASE WHEN on_timeout = 'approve' THEN ? ELSE ? END, "
@@ -637,6 +644,30 @@ class SqliteBackend:
             at,
             decides=True,
         )
+
+    async def decide_known(
+        self, known: Row, act: Act, at: datetime, *, vote: bool = False, outcome_stage: bool = True
+    ) -> datetime | None:
+        approval_id, now = known["approval_id"], _text(at)
+        if not vote:
+            statement = _DECIDE_KNOWN
+        else:
+            statement = _SOLE_VOTE_KNOWN if outcome_stage else _SOLE_VOTE_TOLD_KNOWN
+        parameters = (act.decision.model_dump_json(), act.status, now, approval_id)
+
+        def work(db: sqlite3.Connection) -> bool:
+            if db.execute(statement, parameters).fetchone() is None:
+                return False
+            link = None
+            if vote:
+                link = self._append(db, approval_id, at, act.voted_event(known["digest"]))
+            decided = act.decided_event(known["digest"])
+            self._append(db, approval_id, at, decided, after=link)
+            db.execute(_COUNT_PENDING, (-1, known["run_id"]))
+            self._note_decided({**known, "status": act.status})
+            return True
+
+        return _moment(now) if await self._transaction(work) else None
 
     async def vote(
         self, approval_id: str, act: Act, at: datetime, *, outcome_stage: bool = True

@@ -133,6 +133,10 @@ class SqlApprovalStore:
         self._backend: Backend | None = None
         self._opening = asyncio.Lock()
         self._drafts = Drafts()
+        self._pending: dict[str, ApprovalRecord] = {}
+        """The records this store made pending lately, as made: a pending record changes no
+        more until it is decided, so a decision made here records it without reading it back
+        (at most `TAKEN_KEPT`); one decided since is decided as if it were not here."""
         self._decided: dict[tuple[str, str], ApprovalRecord] = {}
         """The records this store decided lately, by their call (run id, call id), as
         decided: a decided record changes no more until a claim takes it, so the call's next
@@ -190,7 +194,7 @@ class SqlApprovalStore:
             new = _pending_row(request, now)
             step, row = self._drafts.claim(draft, request, new)
             if row is new:
-                return Claim(_made(row, request), "pending")
+                return Claim(self._made_here(_made(row, request)), "pending")
             return Claim(_record(row), step)
         decided = self._decided.pop((request.run_id, request.call_id), None)
         if decided is not None and decided.request.digest == request.digest:
@@ -200,7 +204,7 @@ class SqlApprovalStore:
         with self._errors():
             claimed = await backend.claim(request, lambda: _new_row(request, now), now, actor)
         if claimed.created:
-            return Claim(_made(claimed.row, request), "pending")
+            return Claim(self._made_here(_made(claimed.row, request)), "pending")
         record = _record(claimed.row)
         if claimed.outcome == "taken" and record.finished_at is None:
             _keep(self._taken, record.approval_id, record)
@@ -229,6 +233,40 @@ class SqlApprovalStore:
         taken = replace(decided, consumed_at=at)
         _keep(self._taken, taken.approval_id, taken)
         return taken
+
+    async def _decide_known(
+        self, backend: Backend, approval_id: str, act: Act, now: datetime, *, vote: bool
+    ) -> ApprovalRecord | None:
+        """The review `approval_id` as this store made it pending, decided by `act` (with
+        `vote`: a vote, which decides a review that needs one approval) without reading it
+        back; None when it is not known here, or was not decided so (`decide` or `vote`
+        then, which say why)."""
+        pending = self._pending.pop(approval_id, None)
+        if pending is None or (vote and pending.request.approvals_required != 1):
+            return None
+        request = pending.request
+        known = {
+            "approval_id": approval_id,
+            "run_id": request.run_id,
+            "call_id": request.call_id,
+            "digest": request.digest,
+        }
+        with self._errors():
+            at = await backend.decide_known(
+                known, act, now, vote=vote, outcome_stage=self.outcome_stage
+            )
+        if at is None:
+            return None
+        decision = act.decision
+        if decision.edited_args is not None:  # the edit as stored, JSON values as JSON gives them
+            decision = Decision.model_validate_json(decision.model_dump_json())
+        return self._decided_here(replace(pending, decision=decision, decided_at=at))
+
+    def _made_here(self, record: ApprovalRecord) -> ApprovalRecord:
+        """Remember `record`, just made pending by this store, for its decision; return it."""
+        if record.decision is None:
+            _keep(self._pending, record.approval_id, record)
+        return record
 
     def _decided_here(self, record: ApprovalRecord) -> ApprovalRecord:
         """Remember `record`, just decided by this store, for the call's next claim; return
@@ -279,8 +317,12 @@ class SqlApprovalStore:
         await self._undraft(approval_id=approval_id)
         backend = await self._ready()
         act = Act(decision, channel, person, evidence)
+        now = self._clock()
+        decided = await self._decide_known(backend, approval_id, act, now, vote=False)
+        if decided is not None:
+            return decided
         with self._errors():
-            change = await backend.decide(approval_id, act, self._clock())
+            change = await backend.decide(approval_id, act, now)
         if change.changed is not None:
             return self._decided_here(_record(change.changed))
         if change.existing is None:
@@ -302,10 +344,12 @@ class SqlApprovalStore:
         await self._undraft(approval_id=approval_id)
         backend = await self._ready()
         act = Act(decision, channel, person, evidence)
+        now = self._clock()
+        decided = await self._decide_known(backend, approval_id, act, now, vote=True)
+        if decided is not None:
+            return decided
         with self._errors():
-            outcome = await backend.vote(
-                approval_id, act, self._clock(), outcome_stage=self.outcome_stage
-            )
+            outcome = await backend.vote(approval_id, act, now, outcome_stage=self.outcome_stage)
         if outcome.row is None:
             raise ApprovalNotFound(approval_id=approval_id)
         record = _record(outcome.row)

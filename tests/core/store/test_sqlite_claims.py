@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from nodbot.core import Decision, SqlApprovalStore
+from nodbot.core import ApprovalAlreadyDecided, Decision, SqlApprovalStore
 from nodbot.core.sqlstore.audit import verify
 from nodbot.core.sqlstore.backend import COLUMNS
 from tests.core.store.conftest import ask, traced
@@ -42,6 +42,66 @@ async def test_a_new_call_is_made_pending_without_reading_for_its_record(url: st
     reads = [s for s in sent if s.startswith(RECORD_READ)]
     assert len(reads) == 2  # the second claim's and the third's, not the first's
     assert await kinds(url, claim.record.approval_id) == ["created"]
+
+
+@pytest.mark.parametrize("how", ["decide", "vote"])
+@pytest.mark.parametrize("approved", [True, False])
+async def test_a_review_made_here_is_decided_without_reading_its_record(
+    url: str, how: str, approved: bool
+) -> None:
+    async with SqlApprovalStore(url) as store:
+        approval_id = (await store.claim(ask("c1"))).record.approval_id
+        sent = traced(store)
+        decision = Decision(approved=approved, decided_by="ana", reason="checked")
+        decided = await getattr(store, how)(approval_id, decision, channel="api")
+        reads = [s for s in sent if s.startswith(RECORD_READ) or f"RETURNING {COLUMNS}" in s]
+        assert reads == []
+        assert decided == await store.get(approval_id)
+        assert decided.decision == decision and decided.decided_at is not None
+        # The decision goes on to the call's claim, as any other.
+        taken = await store.claim(ask("c1"))
+        assert taken.outcome == "taken" and taken.record == await store.get(approval_id)
+    voted = ["voted"] if how == "vote" else []
+    expected = ["created", *voted, "decided", "consumed"] + ([] if approved else ["finished"])
+    assert await kinds(url, approval_id) == expected
+    assert (await verify(url)).ok
+
+
+async def test_an_edit_decided_here_is_answered_as_stored(url: str) -> None:
+    async with SqlApprovalStore(url) as store:
+        approval_id = (await store.claim(ask("c1"))).record.approval_id
+        edit = Decision(approved=True, edited_args={"amount": 5, "note": ("a", "b")})
+        decided = await store.decide(approval_id, edit)
+        assert decided == await store.get(approval_id)
+        assert decided.decision is not None
+        assert decided.decision.edited_args == {"amount": 5, "note": ["a", "b"]}
+
+
+@pytest.mark.parametrize("how", ["decide", "vote"])
+async def test_a_review_made_here_and_decided_by_another_store_is_not_decided_again(
+    url: str, how: str
+) -> None:
+    async with SqlApprovalStore(url) as one, SqlApprovalStore(url) as other:
+        approval_id = (await one.claim(ask("c1"))).record.approval_id
+        await other.decide(approval_id, Decision(approved=False, decided_by="bo"))
+        with pytest.raises(ApprovalAlreadyDecided) as raised:
+            await getattr(one, how)(approval_id, Decision(approved=True, decided_by="ana"))
+        assert raised.value.details()["decided_by"] == "bo"
+        record = await one.get(approval_id)
+        assert record.decision is not None and record.decision.decided_by == "bo"
+    assert await kinds(url, approval_id) == ["created", "decided", "refused"]
+    assert (await verify(url)).ok
+
+
+async def test_a_vote_on_a_review_made_here_that_needs_two_is_counted(url: str) -> None:
+    async with SqlApprovalStore(url) as store:
+        approval_id = (await store.claim(ask("c1", approvals_required=2))).record.approval_id
+        first = await store.vote(approval_id, Decision(approved=True, decided_by="ana"))
+        assert first.decision is None
+        second = await store.vote(approval_id, Decision(approved=True, decided_by="bo"))
+        assert second.decision is not None and second.decision.approved
+        assert second == await store.get(approval_id)
+    assert await kinds(url, approval_id) == ["created", "voted", "voted", "decided"]
 
 
 @pytest.mark.parametrize("approved", [True, False])
