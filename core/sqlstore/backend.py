@@ -335,7 +335,8 @@ class Claimed:
     row: Row
     created: bool = False
     """Whether the claim made the record (`pending`) from the request, just now: the record
-    is then the request as given, nothing to read back from `row`."""
+    is then the request as given, nothing to read back from `row`, which may hold only the
+    record's `approval_id` and `created_at`."""
 
 
 @dataclass(frozen=True)

@@ -294,12 +294,22 @@ def _run_values(row: Row) -> tuple[Any, ...]:
 
 
 def _new_values(row: Row) -> tuple[Any, ...]:
+    """`_NEW`'s values of a new record, in its order, the times as the columns hold them."""
     deadline = row["deadline"]
     return (
-        *(row[k] for k in _NEW[:8]),
+        row["approval_id"],
+        row["run_id"],
+        row["call_id"],
+        row["tool"],
+        row["arguments"],
+        row["digest"],
+        row["requested_by"],
+        row["status"],
         _text(row["created_at"]),
         None if deadline is None else _text(deadline),
-        *(row[k] for k in _NEW[10:]),
+        row["on_timeout"],
+        row["policy"],
+        row["approvals_required"],
     )
 
 
@@ -434,14 +444,19 @@ class SqliteBackend:
         self._written[approval_id] = link = (n, digest)
         return link
 
-    def _insert(self, db: sqlite3.Connection, row: Row, at: datetime) -> Row | None:
+    def _insert(
+        self, db: sqlite3.Connection, row: Row, at: datetime, *, whole: bool = True
+    ) -> Row | None:
         """Insert a new record with its `created` event and return it as stored (as `_row`
-        reads it, without reading it); None if the call has an active one."""
+        reads it, without reading it; not `whole`: only its id and `created_at`); None if the
+        call has an active one."""
         values = _new_values(row)
         if db.execute(_INSERT, values).fetchone() is None:
             return None
         self._append(db, row["approval_id"], at, created_event(row), after=NO_LINK)
         db.execute(_COUNT_PENDING, (1, row["run_id"]))
+        if not whole:
+            return {"approval_id": values[0], "created_at": _moment(values[8])}
         inserted = {name: row.get(name) for name in COLUMN_NAMES}  # the rest: NULL
         inserted["created_at"] = _moment(values[8])  # the times as the columns hold them
         inserted["deadline"] = None if values[9] is None else _moment(values[9])
@@ -536,8 +551,8 @@ class SqliteBackend:
             # Otherwise the call's review is made, unless it has an active record (the insert
             # does nothing then); that record is read and taken, or said why it cannot be.
             # The write lock is held throughout, so nothing changes between these statements.
-            created = self._insert(db, new_row(), event_at)
-            if created is not None:
+            created = self._insert(db, new_row(), event_at, whole=False)
+            if created is not None:  # the caller has the rest (see `Backend.claim`)
                 return Claimed("pending", created, created=True)
             active = _row(db.execute(_SELECT_ACTIVE, key).fetchone())
             if active is None:  # cannot be: the lock is held and the insert found one

@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Callable, Sequence
-from dataclasses import replace
 from datetime import datetime, timedelta
 from typing import Any, TypeAlias, cast
 from urllib.parse import urlencode
@@ -229,8 +228,10 @@ class SqlApprovalStore:
         if at is None:
             return None
         if status == "denied":  # a denial runs nothing: finished when it is taken
-            return replace(decided, consumed_at=at, finished_at=at, outcome="denied")
-        taken = replace(decided, consumed_at=at)
+            return _moved(
+                decided, decided.decision, consumed_at=at, finished_at=at, outcome="denied"
+            )
+        taken = _moved(decided, decided.decision, consumed_at=at)
         _keep(self._taken, taken.approval_id, taken)
         return taken
 
@@ -260,7 +261,7 @@ class SqlApprovalStore:
         decision = act.decision
         if decision.edited_args is not None:  # the edit as stored, JSON values as JSON gives them
             decision = Decision.model_validate_json(decision.model_dump_json())
-        return self._decided_here(replace(pending, decision=decision, decided_at=at))
+        return self._decided_here(_moved(pending, decision, decided_at=at))
 
     def _made_here(self, record: ApprovalRecord) -> ApprovalRecord:
         """Remember `record`, just made pending by this store, for its decision; return it."""
@@ -401,7 +402,7 @@ class SqlApprovalStore:
             with self._errors():
                 finished_at = await backend.finish_known(approval_id, now, outcome)
             if finished_at is not None:
-                return replace(taken, finished_at=finished_at, outcome=outcome)
+                return _moved(taken, taken.decision, finished_at=finished_at, outcome=outcome)
         with self._errors():
             change = await backend.finish(approval_id, now, outcome)
         if change.changed is not None:
@@ -746,6 +747,29 @@ class SqlApprovalStore:
 
     def _errors(self) -> translate_errors:
         return translate_errors(self.url)
+
+
+def _moved(
+    record: ApprovalRecord,
+    decision: Decision | None,
+    *,
+    decided_at: datetime | None = None,
+    consumed_at: datetime | None = None,
+    finished_at: datetime | None = None,
+    outcome: str | None = None,
+) -> ApprovalRecord:
+    """`record` moved on a step: `decision`, and each time given in place of the record's
+    (what `dataclasses.replace` does, made directly: it is on every step of a cycle)."""
+    return ApprovalRecord(
+        record.approval_id,
+        record.request,
+        record.created_at,
+        decision,
+        decided_at or record.decided_at,
+        consumed_at or record.consumed_at,
+        finished_at or record.finished_at,
+        outcome or record.outcome,
+    )
 
 
 def _keep(kept: dict[Any, ApprovalRecord], key: Any, record: ApprovalRecord) -> None:
