@@ -213,6 +213,15 @@ def digest_bound(fields: dict[str, Any]) -> DigestBound:
     return DigestBound(text[:cut], text[cut:])
 
 
+@functools.lru_cache(maxsize=256)
+def _plain_detail(approved: bool, reason: str | None, status: ApprovalStatus | None) -> DigestBound:
+    """The detail of a `decided` event (`status`) or a `voted` one (None) of a decision with
+    no edit and no evidence: made once for each such decision (most decisions are one of a
+    few: approved or denied, with one of a few reasons)."""
+    decision = Decision(approved=approved, reason=reason)
+    return digest_bound(decision_detail(decision, digest="", status=status))
+
+
 @functools.cache
 def timeout_detail(on_timeout: str) -> DigestBound:
     """The detail of the `decided` event of a review that timed out with `on_timeout`."""
@@ -256,8 +265,11 @@ class Act:
 
     def decided(self) -> DigestBound:
         """The detail of the `decided` event of `decide`, but for the digest."""
+        decision = self.decision
+        if decision.edited_args is None and self.evidence is None:
+            return _plain_detail(decision.approved, decision.reason, self.status)
         return digest_bound(
-            decision_detail(self.decision, digest="", status=self.status, evidence=self.evidence)
+            decision_detail(decision, digest="", status=self.status, evidence=self.evidence)
         )
 
     def decided_event(self, digest: str) -> EventValues:
@@ -267,7 +279,10 @@ class Act:
 
     def voted(self) -> DigestBound:
         """The detail of this vote's `voted` event, but for the digest."""
-        return digest_bound(decision_detail(self.decision, digest="", evidence=self.evidence))
+        decision = self.decision
+        if decision.edited_args is None and self.evidence is None:
+            return _plain_detail(decision.approved, decision.reason, None)
+        return digest_bound(decision_detail(decision, digest="", evidence=self.evidence))
 
     def voted_event(self, digest: str) -> EventValues:
         """The `voted` event of this vote."""
