@@ -17,11 +17,13 @@ from __future__ import annotations
 
 import json
 import logging
+import math
+import re
 import sys
 import traceback
 from collections.abc import Iterable, Iterator
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, cast
 from urllib.parse import urlsplit
 
 from pydantic import BaseModel, SecretStr
@@ -86,12 +88,16 @@ class _Formatter(logging.Formatter):
         raise NotImplementedError
 
 
+_JSON_LINE = json.JSONEncoder(default=str, ensure_ascii=False)
+"""One encoder for every line (`json.dumps` with options makes a new one each time)."""
+
+
 class JsonFormatter(_Formatter):
     """One JSON object per line."""
 
     def render(self, entry: dict[str, Any]) -> str:
         entry["time"] = entry["time"].replace("+00:00", "Z")
-        return json.dumps(entry, default=str, ensure_ascii=False)
+        return _JSON_LINE.encode(entry)
 
 
 class TextFormatter(_Formatter):
@@ -108,12 +114,28 @@ def _one_line(text: str) -> str:
     return text.replace("\r", "\\r").replace("\n", "\\n")
 
 
+_QUOTED = re.compile(r"[\s\"'=\\]")
+"""What makes a text value quoted: whitespace (as `str.isspace` has it), a quote, `=` or a
+backslash."""
+_CONSTANTS = {None: "null", True: "true", False: "false"}
+
+
 def _value(value: object) -> str:
-    if value is None or isinstance(value, bool | int | float):
+    # Every field of every line comes here: the common types without a call to json.
+    if value is None or value is True or value is False:
+        return _CONSTANTS[value]
+    kind = type(value)
+    if kind is str:
+        text = cast(str, value)
+        return text if text and not _QUOTED.search(text) else json.dumps(text, ensure_ascii=False)
+    if kind is int:
+        return str(value)
+    if kind is float and math.isfinite(cast(float, value)):
+        return repr(value)  # as json writes a float
+    if isinstance(value, bool | int | float):
         return json.dumps(value)
-    if isinstance(value, str):
-        plain = value and not any(c.isspace() or c in "\"'=\\" for c in value)
-        return value if plain else json.dumps(value, ensure_ascii=False)
+    if isinstance(value, str):  # a subclass: its text as such
+        return _value(str.__str__(value))
     return json.dumps(value, default=str, ensure_ascii=False, separators=(",", ":"))
 
 
@@ -125,6 +147,12 @@ def configure_logging(config: LogConfig, *, secrets: Iterable[str] = ()) -> None
     """Send every log record of the process to stderr, one line each, in the format and from
     the level of `config`, with each of `secrets` redacted. Called again, it replaces what it
     installed before."""
+    # What no line of either format shows is not gathered for every record: the caller's
+    # file and line (a walk up the stack), the thread, the process and its name.
+    logging._srcfile = None  # as the logging HOWTO suggests
+    logging.logThreads = False
+    logging.logProcesses = False
+    logging.logMultiprocessing = False
     root = logging.getLogger()
     for handler in [h for h in root.handlers if isinstance(h, _BotHandler)]:
         root.removeHandler(handler)

@@ -3,6 +3,7 @@ delivery, as JSON or text on stderr, at the configured level, and never a secret
 
 from __future__ import annotations
 
+import enum
 import json
 import logging
 import re
@@ -218,3 +219,39 @@ def test_an_exception_and_the_configured_secrets_stay_on_one_line() -> None:
     as_text = TextFormatter([TOKEN]).format(record)
     assert "\n" not in as_text and TOKEN not in as_text
     assert " error nodbot.test failed approval_id=apr_1 error=" in as_text
+
+
+def test_text_values_are_quoted_when_they_would_not_split_back() -> None:
+    class Kind(enum.StrEnum):
+        REFUND = "refund now"
+
+    values = {
+        "plain": ("abc", "abc"),
+        "empty": ("", '""'),
+        "spaced": ("a b", '"a b"'),
+        "no_break_space": ("a\u00a0b", '"a\u00a0b"'),
+        "tab": ("a\tb", '"a\\tb"'),
+        "newline": ("a\nb", '"a\\nb"'),
+        "quote": ('say "hi"', '"say \\"hi\\""'),
+        "apostrophe": ("it's", '"it\'s"'),
+        "equals": ("a=b", '"a=b"'),
+        "backslash": ("a\\b", '"a\\\\b"'),
+        "unicode": ("café", "café"),
+        "number": (3, "3"),
+        "big": (10**30, "1000000000000000000000000000000"),
+        "fraction": (3.1, "3.1"),
+        "tiny": (1e-300, "1e-300"),
+        "not_a_number": (float("nan"), "NaN"),
+        "infinite": (float("inf"), "Infinity"),
+        "yes": (True, "true"),
+        "no": (False, "false"),
+        "nothing": (None, "null"),
+        "listed": ([1, "x y"], '[1,"x y"]'),
+        "enum_text": (Kind.REFUND, '"refund now"'),
+    }
+    record = logging.LogRecord("nodbot.test", logging.INFO, __file__, 1, "event", (), None)
+    for key, (value, _) in values.items():
+        record.__dict__[key] = value
+    line = TextFormatter().format(record)
+    fields = " ".join(f"{key}={shown}" for key, (_, shown) in values.items())
+    assert line.endswith(f" info nodbot.test event {fields}"), line
