@@ -33,6 +33,9 @@ the tool runs once, `GET /runs/{id}?wait=30` answers when the run has finished. 
    latencies count with theirs under load but whose rate and CPU are not compared (timing
    each callback costs the bot's process about a microsecond a callback).
 
+The bot logs warnings only, as awaithumans' server does here; `--logs` has it log as
+`nodbot serve` does by default (level info, as text: about 8 lines an approval), to a file.
+
 Every refund must run exactly once and every review be posted once; the script fails
 otherwise. PostgreSQL is measured on a fresh database on the server named by
 `NODBOT_BENCH_POSTGRES_URL` (default the local one), dropped at the end; skipped when that
@@ -51,6 +54,7 @@ import asyncio
 import contextlib
 import gc
 import json
+import logging
 import multiprocessing
 import os
 import secrets
@@ -619,6 +623,23 @@ class StallMeter:
             self._run = None
 
 
+@contextlib.asynccontextmanager
+async def bot_logs(path: Path, wanted: bool) -> AsyncIterator[None]:
+    """With `wanted` (`--logs`), the bot's log lines go to `path` while it serves: it writes
+    them to stderr, as `nodbot serve` does, and stderr is that file meanwhile."""
+    if not wanted:
+        yield
+        return
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    with path.open("w") as file, contextlib.redirect_stderr(file):
+        try:
+            yield
+        finally:  # the handler the bot installed writes to this file: it goes with it
+            root.handlers[:] = handlers
+            root.setLevel(level)
+
+
 async def measure(
     store_url: str, tmp: Path, args: argparse.Namespace, label: str, peer: Path | None = None
 ) -> Measured:
@@ -628,7 +649,10 @@ async def measure(
     bot_agent.forget()
     async with (
         receiving() as receiver,
-        serving(str(write_config(tmp, store_url, receiver.url))) as served,
+        bot_logs(tmp / f"bot-{label}.log", args.logs),
+        serving(
+            str(write_config(tmp, store_url, receiver.url)), configure_logs=args.logs
+        ) as served,
     ):
         assert is_loopback(urlsplit(served.url).hostname), f"the bot is on {served.url}"
         async with api_client(served.url, os.environ[TOKEN_VARIABLE]) as client:
@@ -668,6 +692,9 @@ async def measure(
         f"{total} runs, but the tool ran {sum(bot_agent.RUNS.values())} times"
         f" for {len(bot_agent.RUNS)} orders"
     )
+    if args.logs:
+        lines = len((tmp / f"bot-{label}.log").read_text().splitlines())
+        print(f"[{label}] the bot logged {lines} lines, {lines / total:.1f} an approval")
     return Measured(label, latencies, rounds, peers, stalls, watched)
 
 
@@ -861,6 +888,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         default=2,
         help="client processes sharing the end-to-end agents, nodbot's and awaithumans'"
         " alike (default 2, one per core)",
+    )
+    parser.add_argument(
+        "--logs",
+        action="store_true",
+        help="the bot logs as `nodbot serve` does by default (level info, text), to a file;"
+        " without it, it logs warnings only, as awaithumans' server does here",
     )
     parser.add_argument("--sqlite-only", action="store_true", help="skip PostgreSQL")
     parser.add_argument("--no-peer", action="store_true", help=f"skip awaithumans {PEER_VERSION}")

@@ -4,6 +4,7 @@ each is run here with the smallest workload."""
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -33,6 +34,19 @@ def test_the_bot_benchmark_runs_and_reports_every_figure() -> None:
         "awaithumans 0.1.12: not measured, so no ratio",
     ):
         assert figure in done.stdout, done.stdout
+
+
+def test_the_bot_benchmark_with_the_bot_s_logs_keeps_them_out_of_its_report() -> None:
+    command = [sys.executable, "bench/bot.py", "--runs", "3", "--warmup", "0", "--sqlite-only"]
+    command += ["--rounds", "1", "--no-peer", "--logs"]
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "bot CPU per approval end to end =" in done.stdout, done.stdout
+    # The bot logged (to a file of its own), not to the report.
+    logged = re.search(r"\[sqlite\] the bot logged (\d+) lines, ([\d.]+) an approval", done.stdout)
+    assert logged is not None and int(logged[1]) > 0, done.stdout
+    for printed in (done.stdout, done.stderr):
+        assert "nodbot.bot.http.access request" not in printed, printed
 
 
 @pytest.mark.postgres
