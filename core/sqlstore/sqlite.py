@@ -73,7 +73,7 @@ _NEW = (  # created_at and deadline (8 and 9) are the times
 )
 _INSERT = (
     f"INSERT INTO approvals ({', '.join(_NEW)}) VALUES ({', '.join('?' for _ in _NEW)}) "
-    "ON CONFLICT (run_id, call_id) WHERE finished_at IS NULL DO NOTHING RETURNING 1"
+    "ON CONFLICT (run_id, call_id) WHERE finished_at IS NULL DO NOTHING"
 )
 _EVENT = (
     "INSERT INTO events (approval_id, kind, at, actor, person, channel, detail, n, prev, hash) "
@@ -113,16 +113,16 @@ _TAKE = {
     status: f"UPDATE approvals SET {assignments} WHERE {_TAKE_WHERE} RETURNING {COLUMNS}"
     for status, assignments in _TAKE_SET.items()
 }
-# The same for a caller that knows the record (`take_known`): nothing read back.
+# The same for a caller that knows the record (`take_known`): nothing read back, not even a
+# `RETURNING 1` (the cursor's rowcount says whether it was taken; a RETURNING clause costs
+# the statement more than the rowcount does).
 _TAKE_KNOWN = {
-    status: f"UPDATE approvals SET {assignments} WHERE {_TAKE_WHERE} RETURNING 1"
+    status: f"UPDATE approvals SET {assignments} WHERE {_TAKE_WHERE}"
     for status, assignments in _TAKE_SET.items()
 }
 _FINISH_SET = "finished_at = ?, outcome = ?"
 _FINISH_WHERE = "consumed_at IS NOT NULL AND finished_at IS NULL"
-_FINISH = (
-    f"UPDATE approvals SET {_FINISH_SET} WHERE approval_id = ? AND {_FINISH_WHERE} RETURNING 1"
-)
+_FINISH = f"UPDATE approvals SET {_FINISH_SET} WHERE approval_id = ? AND {_FINISH_WHERE}"
 _COUNTS = "SELECT status, count(*) FROM approvals GROUP BY status"
 _VOTES = "SELECT voter, decision FROM votes WHERE approval_id = ? ORDER BY seq"
 # A vote on an undecided review that needs one approval decides it: no votes to read.
@@ -138,12 +138,13 @@ _SOLE_VOTE_TOLD = _SOLE_VOTE.replace(
     "decided_at = ?, announced = CASE WHEN announced = 1 THEN 2 ELSE announced END ",
     1,
 )
-# The same two for a caller that knows the record (`decide_known`): nothing read back.
-_SOLE_VOTE_KNOWN = _SOLE_VOTE.replace(f"RETURNING {COLUMNS}", "RETURNING 1")
-_SOLE_VOTE_TOLD_KNOWN = _SOLE_VOTE_TOLD.replace(f"RETURNING {COLUMNS}", "RETURNING 1")
+# The same two for a caller that knows the record (`decide_known`): nothing read back (the
+# rowcount says whether it was decided).
+_SOLE_VOTE_KNOWN = _SOLE_VOTE.replace(f" RETURNING {COLUMNS}", "")
+_SOLE_VOTE_TOLD_KNOWN = _SOLE_VOTE_TOLD.replace(f" RETURNING {COLUMNS}", "")
 _DECIDE_KNOWN = (
     "UPDATE approvals SET decision = ?, status = ?, decided_at = ? "
-    "WHERE approval_id = ? AND decision IS NULL RETURNING 1"
+    "WHERE approval_id = ? AND decision IS NULL"
 )
 _INSERT_VOTE = "INSERT INTO votes (approval_id, voter, decision, at) VALUES (?, ?, ?, ?)"
 _EXPIRE = (
@@ -337,17 +338,17 @@ def _execute_take(
     decided: tuple[str, str],
     request: ApprovalRequest,
     now: str,
-) -> Sequence[Any] | None:
-    """The row `statements[status]` returns when it consumes `decided` (a record's id and
-    status) for `request`; None when the record is not so any more, or has no such status."""
+) -> sqlite3.Cursor | None:
+    """`statements[status]` run to consume `decided` (a record's id and status) for
+    `request`: what it returns, and its `rowcount`, say whether it did (the record may not be
+    so any more); None when there is no statement for that status."""
     approval_id, status = decided
     statement = statements.get(status)
     if statement is None:
         return None
     moments = (now,) if status == "approved" else (now, now)
     where = (approval_id, request.run_id, request.call_id, request.tool, request.digest)
-    found: Sequence[Any] | None = db.execute(statement, (*moments, *where, status)).fetchone()
-    return found
+    return db.execute(statement, (*moments, *where, status))
 
 
 def _is_busy(error: sqlite3.OperationalError) -> bool:
@@ -451,7 +452,7 @@ class SqliteBackend:
         reads it, without reading it; not `whole`: only its id and `created_at`); None if the
         call has an active one."""
         values = _new_values(row)
-        if db.execute(_INSERT, values).fetchone() is None:
+        if not db.execute(_INSERT, values).rowcount:
             return None
         self._append(db, row["approval_id"], at, created_event(row), after=NO_LINK)
         db.execute(_COUNT_PENDING, (1, row["run_id"]))
@@ -583,7 +584,8 @@ class SqliteBackend:
 
         def work(db: sqlite3.Connection) -> bool:
             self._decided.pop((request.run_id, request.call_id), None)  # taken here, or not
-            if _execute_take(db, _TAKE_KNOWN, (approval_id, status), request, now) is None:
+            taking = _execute_take(db, _TAKE_KNOWN, (approval_id, status), request, now)
+            if taking is None or not taking.rowcount:
                 return False
             link = None
             for event in consumed_events({"status": status}, actor):
@@ -598,7 +600,8 @@ class SqliteBackend:
     ) -> Row | None:
         """Consume the call's active record `decided` (its id and status) if it is still
         decided and unused and was made for this tool and these arguments; None if not."""
-        return _row(_execute_take(db, _TAKE, decided, request, now))
+        taking = _execute_take(db, _TAKE, decided, request, now)
+        return None if taking is None else _row(taking.fetchone())
 
     def _taken(
         self, db: sqlite3.Connection, taken: Row, event_at: datetime, actor: str | None
@@ -671,7 +674,7 @@ class SqliteBackend:
         parameters = (act.decision.model_dump_json(), act.status, now, approval_id)
 
         def work(db: sqlite3.Connection) -> bool:
-            if db.execute(statement, parameters).fetchone() is None:
+            if not db.execute(statement, parameters).rowcount:
                 return False
             link = None
             if vote:
@@ -759,7 +762,7 @@ class SqliteBackend:
         stored = _text(at)
 
         def work(db: sqlite3.Connection) -> bool:
-            if db.execute(_FINISH, (stored, outcome, approval_id)).fetchone() is None:
+            if not db.execute(_FINISH, (stored, outcome, approval_id)).rowcount:
                 return False
             self._append(db, approval_id, at, _finished_event(outcome))
             return True
@@ -875,8 +878,8 @@ class SqliteBackend:
 
         def finish(db: sqlite3.Connection) -> None:
             for approval_id, outcome in spent:
-                finished = db.execute(_FINISH, (_text(at), outcome, approval_id)).fetchone()
-                if finished is not None:  # else: finished already, nothing to record
+                if db.execute(_FINISH, (_text(at), outcome, approval_id)).rowcount:
+                    # (else: finished already, nothing to record)
                     self._append(db, approval_id, at, _finished_event(outcome))
 
         return await self._run_change(_SAVE_RUN, parameters, run_id, before=finish)
