@@ -92,9 +92,11 @@ async def remembered_decision(
 ) -> tuple[Decision, dict[str, Any]] | None:
     """The decision a live remembered approval makes of `request`, and the evidence its
     `decided` event keeps; None when none covers it."""
-    kept = remembered_of(store)
-    scope = scope_of(request)
-    if kept is None or scope is None:
+    scope = scope_of(request)  # first: most rules remember nothing, and that is cheap to see
+    if scope is None:
+        return None
+    kept = remembered_of(store)  # an isinstance of a Protocol: tens of microseconds
+    if kept is None:
         return None
     found = await kept.find(scope)
     if found is None:
