@@ -274,7 +274,12 @@ class BotService:
             self._outbox_wake.set()  # what the step decided: the lane announces it
             return run, None
         try:
-            reviews = await self.store.list(run_id=run.run_id)
+            # As its first save wrote them, when the store knows (a SQL store's draft): a read
+            # less an approval; a review decided meanwhile is then shown pending, as the run
+            # is shown as saved.
+            reviews = self.store.opened_reviews(run.run_id)
+            if reviews is None:
+                reviews = await self.store.list(run_id=run.run_id)
         except BaseException:
             self._outbox_wake.set()  # the lane announces what it opened
             raise

@@ -32,7 +32,7 @@ from nodbot.core.executor import Executor
 from nodbot.core.loop import Agent, Message, run_tool_loop
 from nodbot.core.ports import DeferredApproval, Spent
 from nodbot.core.retrying import until_written
-from nodbot.core.store import MemoryApprovalStore, utc_now
+from nodbot.core.store import ApprovalRecord, MemoryApprovalStore, utc_now
 
 __all__ = [
     "DEFAULT_LEASE",
@@ -118,6 +118,12 @@ class RunStore(Protocol):
 
     def forget_draft(self, run_id: str) -> None:
         """Drop the draft of `run_id`, if the store kept one unwritten."""
+        ...
+
+    def opened_reviews(self, run_id: str) -> list[ApprovalRecord] | None:
+        """The reviews the first save of the draft of `run_id` wrote, as written (all
+        pending then), asked once; None when the store does not know them so (the memory
+        store, which writes a draft at once): list the run's reviews then."""
         ...
 
     async def get_run(self, run_id: str) -> RunRecord:
@@ -220,6 +226,9 @@ class MemoryRunStore:
 
     def forget_draft(self, run_id: str) -> None:
         return None  # written at once: nothing to drop
+
+    def opened_reviews(self, run_id: str) -> list[ApprovalRecord] | None:
+        return None  # written at once, by claims: the approvals store lists them
 
     async def get_run(self, run_id: str) -> RunRecord:
         with self._lock:

@@ -15,9 +15,9 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from datetime import datetime, timedelta
-from typing import Any, TypeAlias, cast
+from typing import Any, TypeAlias, TypeVar, cast
 from urllib.parse import urlencode
 
 from pydantic import TypeAdapter
@@ -87,6 +87,8 @@ _Deliveries: TypeAlias = list[Delivery]
 _Announcements: TypeAlias = list[Announcement]
 _Events: TypeAlias = list[ApprovalEvent]
 _Runs: TypeAlias = list[RunRecord]
+K = TypeVar("K")
+V = TypeVar("V")
 
 
 class SqlApprovalStore:
@@ -145,6 +147,9 @@ class SqlApprovalStore:
         """The records this store's claims took lately and no call has finished, as taken: a
         taken record changes no more but for its finish, so `finish` records it without
         reading it back (at most `TAKEN_KEPT`, the oldest forgotten first)."""
+        self._opened: dict[str, _Records] = {}
+        """Per run whose draft a first save wrote with reviews, those reviews as written,
+        until `opened_reviews` asks for them (at most `TAKEN_KEPT` runs)."""
         self.sessions = SqlSessionRevocations(self.url, ready=self.open, clock=clock)
         """The web inbox's ended sessions, in this database (`core.sqlstore.sessions`)."""
         self.remembered = SqlRememberedApprovals(self.url, ready=self.open, clock=clock)
@@ -587,14 +592,36 @@ class SqlApprovalStore:
                 "claimed_by": None,
                 "lease_until": None,
             }
-            written = await self._drafts.write(run.run_id, lambda d: self._write_draft(d, saved))
+            drafted: list[Draft] = []
+
+            def write(draft: Draft) -> Awaitable[Row]:
+                drafted.append(draft)
+                return self._write_draft(draft, saved)
+
+            written = await self._drafts.write(run.run_id, write)
             if written is not None:
+                self._keep_opened(run.run_id, drafted[-1])
                 return _run(written, list(messages))
         await self._undraft(run_id=run.run_id)  # written meanwhile, or saved with spent ones
         finished = [(each.approval_id, each.outcome) for each in spent]
         with self._errors():
             change = await backend.save_run(run.run_id, run.version, values, finished)
         return _run(_changed_run(change, run), list(messages))
+
+    def _keep_opened(self, run_id: str, draft: Draft) -> None:
+        """Keep the reviews `draft` was written with, for `opened_reviews`: each is kept as
+        this store made it pending, unless it has been let go of since (then none are)."""
+        opened = [self._pending.get(row["approval_id"]) for row in draft.reviews]
+        if opened and all(opened):
+            _keep(self._opened, run_id, cast(_Records, opened))
+
+    def opened_reviews(self, run_id: str) -> _Records | None:
+        """The reviews the first save of the draft of `run_id` (`draft_run`) wrote with it,
+        as written, all pending then, in the order they were opened; asked once (the answer
+        is let go of). None when this store wrote no such draft with reviews, or has let it
+        go: `list` then. A caller that shows the run as its first save left it needs no
+        read of what that save wrote (`BotService.begin_run`)."""
+        return self._opened.pop(run_id, None)
 
     async def renew_claim(self, run: RunRecord, *, lease: float = DEFAULT_LEASE) -> RunRecord:
         await self._undraft(run_id=run.run_id)
@@ -772,7 +799,7 @@ def _moved(
     )
 
 
-def _keep(kept: dict[Any, ApprovalRecord], key: Any, record: ApprovalRecord) -> None:
+def _keep(kept: dict[K, V], key: K, record: V) -> None:
     """Keep `record` in `kept` under `key`, and at most `TAKEN_KEPT` records (the oldest are
     forgotten first)."""
     kept[key] = record

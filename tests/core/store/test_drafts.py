@@ -180,3 +180,31 @@ async def test_a_review_a_draft_opens_is_the_record_written(url: str) -> None:
         assert claim.outcome == "pending"
         # Reading the review writes the draft first.
         assert await store.get(claim.record.approval_id) == claim.record
+
+
+async def test_the_reviews_a_first_save_wrote_are_known_without_a_read(url: str) -> None:
+    async with SqlApprovalStore(url) as store, SqlApprovalStore(url) as other:
+        start = Start(store, lambda run_id: _nothing())
+        waiting = await start.step(await start.draft())
+        assert waiting.status == "waiting"
+        opened = store.opened_reviews(start.run_id)
+        assert opened == await other.list(run_id=start.run_id)  # as written, in their order
+        assert [review.request.call_id for review in opened] == ["call_1", "call_2"]
+        assert store.opened_reviews(start.run_id) is None  # asked once
+        assert other.opened_reviews(start.run_id) is None  # another store did not write it
+
+
+async def test_a_draft_written_before_its_first_save_leaves_its_reviews_to_a_read(
+    url: str,
+) -> None:
+    # Written by an operation that named it, in the middle of the step: its first save is
+    # an update like any other, and what it opened is listed, not known.
+    async with SqlApprovalStore(url) as store:
+
+        async def look(run_id: str) -> None:
+            await store.get_run(run_id)
+
+        start = Start(store, look)
+        assert (await start.step(await start.draft())).status == "waiting"
+        assert store.opened_reviews(start.run_id) is None
+        assert len(await store.list(run_id=start.run_id)) == 2
