@@ -6,7 +6,7 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import Response
 
 from nodbot.bot.http.auth import ApiError
 from nodbot.bot.http.limits import loads
@@ -35,5 +35,7 @@ async def json_body(request: Request) -> Any:
 
 
 def json_response(model: BaseModel, *, status: int = 200) -> Response:
-    """The model as a JSON response."""
-    return JSONResponse(model.model_dump(mode="json"), status_code=status)
+    """The model as a JSON response, serialised straight to bytes (not dumped to a dict for
+    `json.dumps` first: a third of the time)."""
+    body = type(model).__pydantic_serializer__.to_json(model)
+    return Response(body, status_code=status, media_type="application/json")
