@@ -32,6 +32,7 @@ from nodbot.core import (
     NewDelivery,
     Outbox,
 )
+from nodbot.core.outbox import Opened
 from nodbot.core.store import utc_now
 
 __all__ = [
@@ -254,6 +255,29 @@ class Dispatcher:
         )
         self._claim_wanted = len(claimed) >= DELIVERY_BATCH
         return claimed
+
+    def opening(self, record: ApprovalRecord) -> list[NewDelivery]:
+        """The deliveries the channels want of a review just opened (its `request` stage):
+        this dispatcher announces new runs' reviews as their first save writes them
+        (`core.outbox.Announcer`)."""
+        return [d for c in self.channels.values() for d in c.targets(record, "request")]
+
+    def start_opened(self, opened: Opened) -> int:
+        """Start delivering what the reviews a new run opened were announced with, in the
+        transaction that wrote them (`opening`): the deliveries claimed by this worker, each
+        with its review as written; those due later are claimed when they are due. How
+        many were started."""
+        records = {record.approval_id: record for record in opened.reviews}
+        for record in opened.reviews:
+            _log_opened(record)
+        started = 0
+        for delivery in opened.deliveries or ():
+            if delivery.claimed_by == self.worker:
+                self._start(delivery, records[delivery.approval_id])
+                started += 1
+            else:
+                self._due_later(delivery.due_at)
+        return started
 
     async def announce_opened(self, records: Sequence[ApprovalRecord]) -> int:
         """Announce reviews this process has just opened, as the caller read them (no read of

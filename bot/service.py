@@ -253,7 +253,9 @@ class BotService:
             return run, None
         chosen = self.agent(agent)
         # A draft: the run, the reviews its first step opens and the step's save are written
-        # in one transaction (with a SQL store), by the save.
+        # in one transaction (with a SQL store), by the save; while the workers run, the
+        # reviews are announced in it too (where the store can), their deliveries made
+        # claimed by this worker, which starts them once the save is written.
         run = await self.store.draft_run(
             agent=agent,
             messages=chosen.first_messages(text),
@@ -261,6 +263,7 @@ class BotService:
             requested_by=requested_by,
             lease=self.lease,
             started_by=started_by,
+            announcer=self.dispatcher if self.health.running else None,
         )
         self.counters["runs_started"] += 1
         try:
@@ -273,13 +276,15 @@ class BotService:
         if run.status != "waiting":
             self._outbox_wake.set()  # what the step decided: the lane announces it
             return run, None
+        # As its first save wrote them, when the store knows (a SQL store's draft): a read
+        # less an approval; a review decided meanwhile is then shown pending, as the run is
+        # shown as saved.
+        opened = self.store.opened_reviews(run.run_id)
+        if opened is not None and opened.deliveries is not None:
+            self.dispatcher.start_opened(opened)  # announced by the save
+            return run, opened.reviews
         try:
-            # As its first save wrote them, when the store knows (a SQL store's draft): a read
-            # less an approval; a review decided meanwhile is then shown pending, as the run
-            # is shown as saved.
-            reviews = self.store.opened_reviews(run.run_id)
-            if reviews is None:
-                reviews = await self.store.list(run_id=run.run_id)
+            reviews = opened.reviews if opened else await self.store.list(run_id=run.run_id)
         except BaseException:
             self._outbox_wake.set()  # the lane announces what it opened
             raise

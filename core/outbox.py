@@ -31,10 +31,12 @@ from nodbot.core.store import ApprovalRecord
 
 __all__ = [
     "Announcement",
+    "Announcer",
     "Delivery",
     "DeliveryKind",
     "DeliveryStatus",
     "NewDelivery",
+    "Opened",
     "Outbox",
     "Stage",
 ]
@@ -98,6 +100,30 @@ class Delivery:
     def address(self) -> str:
         """The address part of the target: `ops` for `webhook:ops`."""
         return self.target.partition(":")[2]
+
+
+class Announcer(Protocol):
+    """Who announces the reviews a new run's first step opens, in the transaction that
+    writes them (`RunStore.draft_run`): the deliveries it wants of each, those due at once
+    made claimed by `worker` for `lease` seconds (the bot's `Dispatcher`)."""
+
+    worker: str
+    lease: float
+
+    def opening(self, record: ApprovalRecord) -> list[NewDelivery]:
+        """The deliveries the review `record`, just opened, wants (its `request` stage)."""
+        ...
+
+
+@dataclass(frozen=True)
+class Opened:
+    """The reviews a new run's first save wrote, as written (`RunStore.opened_reviews`)."""
+
+    reviews: list[ApprovalRecord]
+    """All pending then, in the order they were opened."""
+    deliveries: list[Delivery] | None = None
+    """The deliveries made for them in the same transaction (`Announcer`); None when they
+    were not announced so (left to the outbox: `Outbox.announce`)."""
 
 
 @runtime_checkable

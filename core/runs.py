@@ -30,9 +30,10 @@ from nodbot.core.calls import new_id
 from nodbot.core.errors import RunConflict, RunNotFound, StoreError
 from nodbot.core.executor import Executor
 from nodbot.core.loop import Agent, Message, run_tool_loop
+from nodbot.core.outbox import Announcer, Opened
 from nodbot.core.ports import DeferredApproval, Spent
 from nodbot.core.retrying import until_written
-from nodbot.core.store import ApprovalRecord, MemoryApprovalStore, utc_now
+from nodbot.core.store import MemoryApprovalStore, utc_now
 
 __all__ = [
     "DEFAULT_LEASE",
@@ -109,21 +110,24 @@ class RunStore(Protocol):
         requested_by: str | None = None,
         lease: float = DEFAULT_LEASE,
         started_by: str | None = None,
+        announcer: Announcer | None = None,
     ) -> RunRecord:
         """A new run with a new id, as `create_run` makes it, that the store may keep to
         itself until its first `save_run`, and write then in one transaction with the
         reviews its first step opened (`SqlApprovalStore`; the memory store writes it at
-        once). A draft that will not be saved is dropped with `forget_draft`."""
+        once), announced by `announcer` where the store can. A draft that will not be saved
+        is dropped with `forget_draft`."""
         ...
 
     def forget_draft(self, run_id: str) -> None:
         """Drop the draft of `run_id`, if the store kept one unwritten."""
         ...
 
-    def opened_reviews(self, run_id: str) -> list[ApprovalRecord] | None:
+    def opened_reviews(self, run_id: str) -> Opened | None:
         """The reviews the first save of the draft of `run_id` wrote, as written (all
-        pending then), asked once; None when the store does not know them so (the memory
-        store, which writes a draft at once): list the run's reviews then."""
+        pending then), and the deliveries it announced them with, if it did; asked once.
+        None when the store does not know them so (the memory store, which writes a draft
+        at once): list the run's reviews then."""
         ...
 
     async def get_run(self, run_id: str) -> RunRecord:
@@ -214,6 +218,7 @@ class MemoryRunStore:
         requested_by: str | None = None,
         lease: float = DEFAULT_LEASE,
         started_by: str | None = None,
+        announcer: Announcer | None = None,
     ) -> RunRecord:
         return await self.create_run(
             agent=agent,
@@ -227,7 +232,7 @@ class MemoryRunStore:
     def forget_draft(self, run_id: str) -> None:
         return None  # written at once: nothing to drop
 
-    def opened_reviews(self, run_id: str) -> list[ApprovalRecord] | None:
+    def opened_reviews(self, run_id: str) -> Opened | None:
         return None  # written at once, by claims: the approvals store lists them
 
     async def get_run(self, run_id: str) -> RunRecord:

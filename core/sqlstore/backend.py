@@ -355,6 +355,19 @@ class Claimed:
 
 
 @dataclass(frozen=True)
+class Announcing:
+    """Reviews announced in the transaction that writes them (`Backend.insert_run`), as
+    `Backend.announce` would announce each of them at `stage`."""
+
+    stage: int
+    deliveries: dict[str, list[Row]]
+    """Per review's approval id, the deliveries it wants (kind, target, due_at)."""
+    at: datetime
+    claim: tuple[str, datetime] | None = None
+    """A worker, and when its lease ends: the deliveries due by `at` are made claimed."""
+
+
+@dataclass(frozen=True)
 class Change:
     """The outcome of a conditional write."""
 
@@ -478,10 +491,15 @@ class Backend(Protocol):
         `decisions[on_timeout]` (a Decision as JSON), and log their `decided` events."""
         ...
 
-    async def insert_run(self, row: Row, reviews: Sequence[Row] = ()) -> Row | None:
+    async def insert_run(
+        self, row: Row, reviews: Sequence[Row] = (), announcing: Announcing | None = None
+    ) -> Row | None:
         """Insert a run, and the new rows of its pending `reviews` as `create` would (each
         with its `created` event, at its `created_at`, and counted in the run's `pending`),
-        in one transaction; None, and nothing written, when a run with its id exists."""
+        in one transaction; None, and nothing written, when a run with its id exists.
+        With `announcing`, a backend may announce those reviews in the same transaction: the
+        run's row then has the deliveries made under `deliveries` (none: not announced, as
+        PostgreSQL, whose insert is one statement, leaves them to `announce`)."""
         ...
 
     async def get_run(self, run_id: str) -> Row | None:

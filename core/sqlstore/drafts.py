@@ -16,6 +16,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Literal, TypeAlias, TypeVar
 
+from nodbot.core.outbox import Announcer
 from nodbot.core.sqlstore.backend import Row, claim_step
 from nodbot.core.store import ApprovalRequest
 
@@ -32,6 +33,8 @@ class Draft:
 
     run: Row
     reviews: list[Row] = field(default_factory=list)
+    announcer: Announcer | None = None
+    """Who announces the reviews when the first save writes them (`draft_run`)."""
 
 
 class Drafts:
@@ -46,8 +49,8 @@ class Drafts:
     def __bool__(self) -> bool:
         return bool(self._drafts) or bool(self._writing)
 
-    def add(self, run: Row) -> None:
-        self._drafts[run["run_id"]] = Draft(run)
+    def add(self, run: Row, announcer: Announcer | None = None) -> None:
+        self._drafts[run["run_id"]] = Draft(run, announcer=announcer)
 
     def get(self, run_id: str) -> Draft | None:
         return self._drafts.get(run_id)

@@ -29,6 +29,7 @@ from nodbot.core.sqlstore.backend import (
     RUN_COLUMN_NAMES,
     RUN_COLUMNS,
     Act,
+    Announcing,
     Change,
     Claimed,
     EventRow,
@@ -1067,7 +1068,10 @@ class PostgresBackend:
         await self._decided(rows)
         return rows
 
-    async def insert_run(self, row: Row, reviews: Sequence[Row] = ()) -> Row | None:
+    async def insert_run(
+        self, row: Row, reviews: Sequence[Row] = (), announcing: Announcing | None = None
+    ) -> Row | None:
+        # One statement: `announcing` is left to `announce` (no `deliveries` in the row).
         values = [row.get(name) for name in RUN_COLUMN_NAMES]
         if not reviews:
             return await self._one(_INSERT_RUN, *values, row["run_id"])

@@ -32,6 +32,7 @@ from nodbot.core.sqlstore.backend import (
     RUN_COLUMN_NAMES,
     RUN_COLUMNS,
     Act,
+    Announcing,
     Change,
     Claimed,
     EventRow,
@@ -285,6 +286,36 @@ def _delivery_row(found: Sequence[Any] | None) -> Row | None:
         if row[column] is not None:
             row[column] = _moment(row[column])
     return row
+
+
+def _delivery_values(
+    approval_id: str, deliveries: Sequence[Row], announcing: Announcing
+) -> list[tuple[Any, ...]]:
+    """The values of `_INSERT_DELIVERY` for each delivery a review wants (kind, target,
+    due_at), as `announcing` makes them (those due by its time claimed by its claim's
+    worker)."""
+    at, claim = announcing.at, announcing.claim
+    now = _text(at)
+    claimed = (None, None) if claim is None else (claim[0], _text(claim[1]))
+    values = []
+    for wanted in deliveries:
+        due = wanted["due_at"] or at
+        held = claimed if due <= at else (None, None)
+        values.append((approval_id, wanted["kind"], wanted["target"], _text(due), now, *held))
+    return values
+
+
+def _announce(
+    db: sqlite3.Connection, approval_id: str, stage: int, values: Sequence[tuple[Any, ...]]
+) -> list[Row]:
+    """Insert a review's deliveries (`_delivery_values`) not made before and raise its
+    `announced` to `stage`; the rows inserted."""
+    made = [_delivery_row(db.execute(_INSERT_DELIVERY, v).fetchone()) for v in values]
+    db.execute(
+        "UPDATE approvals SET announced = ? WHERE approval_id = ? AND announced < ?",
+        (stage, approval_id, stage),
+    )
+    return [row for row in made if row is not None]
 
 
 def _run_values(row: Row) -> tuple[Any, ...]:
@@ -837,8 +868,18 @@ class SqliteBackend:
 
         return await self._transaction(work)
 
-    async def insert_run(self, row: Row, reviews: Sequence[Row] = ()) -> Row | None:
+    async def insert_run(
+        self, row: Row, reviews: Sequence[Row] = (), announcing: Announcing | None = None
+    ) -> Row | None:
         values = (*_run_values(row), row["run_id"])
+        announced = (
+            []
+            if announcing is None
+            else [
+                (approval_id, _delivery_values(approval_id, wanted, announcing))
+                for approval_id, wanted in announcing.deliveries.items()
+            ]
+        )
 
         def work(db: sqlite3.Connection) -> Row | None:
             try:
@@ -847,6 +888,13 @@ class SqliteBackend:
                 return None  # a run with this id exists
             for review in reviews:  # each counts itself in the run's pending
                 self._insert(db, review, review["created_at"])
+            if inserted is not None and announcing is not None:
+                stage = announcing.stage
+                inserted["deliveries"] = [
+                    made
+                    for approval_id, each in announced
+                    for made in _announce(db, approval_id, stage, each)
+                ]
             return inserted
 
         return await self._transaction(work)
@@ -944,23 +992,8 @@ class SqliteBackend:
         at: datetime,
         claim: tuple[str, datetime] | None = None,
     ) -> list[Row]:
-        now = _text(at)
-        claimed = (None, None) if claim is None else (claim[0], _text(claim[1]))
-        values = []
-        for wanted in deliveries:
-            due = wanted["due_at"] or at
-            held = claimed if due <= at else (None, None)
-            values.append((approval_id, wanted["kind"], wanted["target"], _text(due), now, *held))
-
-        def work(db: sqlite3.Connection) -> list[Row]:
-            made = [_delivery_row(db.execute(_INSERT_DELIVERY, v).fetchone()) for v in values]
-            db.execute(
-                "UPDATE approvals SET announced = ? WHERE approval_id = ? AND announced < ?",
-                (stage, approval_id, stage),
-            )
-            return [row for row in made if row is not None]
-
-        return await self._transaction(work)
+        values = _delivery_values(approval_id, deliveries, Announcing(stage, {}, at, claim))
+        return await self._transaction(lambda db: _announce(db, approval_id, stage, values))
 
     async def claim_deliveries(
         self, worker: str, at: datetime, lease_until: datetime, limit: int

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
 from typing import Any, TypeAlias, TypeVar, cast
 from urllib.parse import urlencode
@@ -38,10 +38,18 @@ from nodbot.core.errors import (
     RunNotFound,
 )
 from nodbot.core.loop import Message
-from nodbot.core.outbox import Announcement, Delivery, NewDelivery, Stage
+from nodbot.core.outbox import Announcement, Announcer, Delivery, NewDelivery, Opened, Stage
 from nodbot.core.ports import Spent
 from nodbot.core.runs import DEFAULT_LEASE, RunRecord, RunStatus
-from nodbot.core.sqlstore.backend import STAGES, Act, Backend, Change, EventValues, Row
+from nodbot.core.sqlstore.backend import (
+    STAGES,
+    Act,
+    Announcing,
+    Backend,
+    Change,
+    EventValues,
+    Row,
+)
 from nodbot.core.sqlstore.drafts import Draft, Drafts
 from nodbot.core.sqlstore.engine import (
     normalize_url,
@@ -147,7 +155,7 @@ class SqlApprovalStore:
         """The records this store's claims took lately and no call has finished, as taken: a
         taken record changes no more but for its finish, so `finish` records it without
         reading it back (at most `TAKEN_KEPT`, the oldest forgotten first)."""
-        self._opened: dict[str, _Records] = {}
+        self._opened: dict[str, Opened] = {}
         """Per run whose draft a first save wrote with reviews, those reviews as written,
         until `opened_reviews` asks for them (at most `TAKEN_KEPT` runs)."""
         self.sessions = SqlSessionRevocations(self.url, ready=self.open, clock=clock)
@@ -480,15 +488,19 @@ class SqlApprovalStore:
         requested_by: str | None = None,
         lease: float = DEFAULT_LEASE,
         started_by: str | None = None,
+        announcer: Announcer | None = None,
     ) -> RunRecord:
         """A new run, as `create_run` makes it, kept in this process until its first
         `save_run`: that writes it, the reviews its first step opened and the save in one
         transaction. Until then no other process sees it, nor its reviews; an operation of
         this one that names the run or one of those reviews writes the draft first
-        (`core.sqlstore.drafts`). Its id is new, so nobody else can know it meanwhile."""
+        (`core.sqlstore.drafts`). Its id is new, so nobody else can know it meanwhile.
+
+        With `announcer`, the first save announces those reviews too, in its transaction,
+        where the backend can (SQLite; `opened_reviews` says whether it did)."""
         await self._ready()  # the schema is checked now, as create_run would
         row = self._new_run(agent, messages, worker, requested_by, None, lease, started_by)
-        self._drafts.add(row)
+        self._drafts.add(row, announcer)
         return RunRecord(
             run_id=row["run_id"],
             agent=agent,
@@ -542,11 +554,14 @@ class SqlApprovalStore:
         if run_id is not None:
             await self._drafts.write(run_id, self._write_draft)
 
-    async def _write_draft(self, draft: Draft, row: Row | None = None) -> Row:
-        """Write a draft: its run as `row` has it (as drafted, by default) and its reviews."""
+    async def _write_draft(
+        self, draft: Draft, row: Row | None = None, announcing: Announcing | None = None
+    ) -> Row:
+        """Write a draft: its run as `row` has it (as drafted, by default) and its reviews,
+        announced so with `announcing`."""
         backend = await self._ready()
         with self._errors():
-            written = await backend.insert_run(row or draft.run, draft.reviews)
+            written = await backend.insert_run(row or draft.run, draft.reviews, announcing)
         if written is None:
             run_id = draft.run["run_id"]
             raise RunConflict(
@@ -592,15 +607,8 @@ class SqlApprovalStore:
                 "claimed_by": None,
                 "lease_until": None,
             }
-            drafted: list[Draft] = []
-
-            def write(draft: Draft) -> Awaitable[Row]:
-                drafted.append(draft)
-                return self._write_draft(draft, saved)
-
-            written = await self._drafts.write(run.run_id, write)
+            written = await self._drafts.write(run.run_id, lambda d: self._write_first(d, saved))
             if written is not None:
-                self._keep_opened(run.run_id, drafted[-1])
                 return _run(written, list(messages))
         await self._undraft(run_id=run.run_id)  # written meanwhile, or saved with spent ones
         finished = [(each.approval_id, each.outcome) for each in spent]
@@ -608,19 +616,46 @@ class SqlApprovalStore:
             change = await backend.save_run(run.run_id, run.version, values, finished)
         return _run(_changed_run(change, run), list(messages))
 
-    def _keep_opened(self, run_id: str, draft: Draft) -> None:
-        """Keep the reviews `draft` was written with, for `opened_reviews`: each is kept as
-        this store made it pending, unless it has been let go of since (then none are)."""
-        opened = [self._pending.get(row["approval_id"]) for row in draft.reviews]
-        if opened and all(opened):
-            _keep(self._opened, run_id, cast(_Records, opened))
+    async def _write_first(self, draft: Draft, row: Row) -> Row:
+        """Write a draft by its first save (`row`, the run as saved), its reviews announced
+        with it when it has an announcer, and keep those reviews for `opened_reviews`."""
+        records = [self._pending.get(review["approval_id"]) for review in draft.reviews]
+        known = cast(_Records, records) if records and all(records) else None
+        announcing = None if known is None else self._announcing(draft.announcer, known)
+        written = await self._write_draft(draft, row, announcing)
+        if known is not None:
+            made = written.pop("deliveries", None)
+            deliveries = None if made is None else [_delivery(each) for each in made]
+            _keep(self._opened, row["run_id"], Opened(known, deliveries))
+        return written
 
-    def opened_reviews(self, run_id: str) -> _Records | None:
+    def _announcing(self, announcer: Announcer | None, records: _Records) -> Announcing | None:
+        """How `announcer` announces the new reviews `records`, or None: no announcer, or
+        one that could not say (a channel's bug: the outbox's lane announces them then, and
+        says what failed)."""
+        if announcer is None:
+            return None
+        try:
+            wanted = {
+                record.approval_id: [
+                    {"kind": d.kind, "target": d.target, "due_at": d.due_at}
+                    for d in announcer.opening(record)
+                ]
+                for record in records
+            }
+        except Exception:
+            return None
+        now = self._clock()
+        claim = (announcer.worker, now + timedelta(seconds=announcer.lease))
+        return Announcing(STAGES["request"], wanted, now, claim)
+
+    def opened_reviews(self, run_id: str) -> Opened | None:
         """The reviews the first save of the draft of `run_id` (`draft_run`) wrote with it,
-        as written, all pending then, in the order they were opened; asked once (the answer
-        is let go of). None when this store wrote no such draft with reviews, or has let it
-        go: `list` then. A caller that shows the run as its first save left it needs no
-        read of what that save wrote (`BotService.begin_run`)."""
+        as written, all pending then, in the order they were opened, and the deliveries it
+        announced them with; asked once (the answer is let go of). None when this store
+        wrote no such draft with reviews, or has let it go: `list` then. A caller that shows
+        the run as its first save left it needs no read of what that save wrote
+        (`BotService.begin_run`)."""
         return self._opened.pop(run_id, None)
 
     async def renew_claim(self, run: RunRecord, *, lease: float = DEFAULT_LEASE) -> RunRecord:

@@ -1,14 +1,14 @@
-"""A run started over the API has the reviews its first step opened announced at once, with
-the records its first save wrote, which are its answer's too, not read back
-(`BotService.begin_run`): the outbox lane does not read what is unannounced for them, nor the
-runs lane look for ready runs. Without workers (`nodbot runs
-start`) they are left to the lane of whoever runs the workers. A run's view lists its pending
-reviews only when the run, as read, has any."""
+"""A run started over the API has the reviews its first step opened announced at once, in
+the transaction of its first save (on SQLite), and delivered with the records that save
+wrote, which are its answer's too, not read back (`BotService.begin_run`): the outbox lane
+does not read what is unannounced for them, nor the runs lane look for ready runs. Without
+workers (`nodbot runs start`) they are left to the lane of whoever runs the workers. A run's
+view lists its pending reviews only when the run, as read, has any."""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +29,7 @@ from nodbot.core import (
     RunRecord,
     SqlApprovalStore,
 )
-from nodbot.core.outbox import Announcement
+from nodbot.core.outbox import Announcement, Stage
 from tests.bot.ledger_agent import config_yaml
 from tests.support import eventually
 
@@ -46,6 +46,19 @@ class Counted(SqlApprovalStore):
         self.unannounced_reads = 0
         self.ready_claims = 0
         self.lists: list[tuple[str | None, str | None]] = []
+        self.announced: list[str] = []
+
+    async def announce(
+        self,
+        approval_id: str,
+        stage: Stage | None,
+        deliveries: Sequence[NewDelivery],
+        *,
+        worker: str | None = None,
+        lease: float = 60.0,
+    ) -> list[Delivery]:
+        self.announced.append(approval_id)
+        return await super().announce(approval_id, stage, deliveries, worker=worker, lease=lease)
 
     async def unannounced(self, *, limit: int = 100) -> list[Announcement]:
         self.unannounced_reads += 1
@@ -171,6 +184,7 @@ async def test_a_new_runs_review_is_posted_without_reading_what_is_unannounced(b
 
     await eventually(posted, "the new review posted")
     assert bot.store.unannounced_reads == reads  # announced with the record read for the view
+    assert bot.store.announced == []  # announced in the transaction that wrote the run
     assert bot.store.ready_claims == claims  # a new run makes no run ready
     # No read of the reviews either: the answer and the post have them as the run's first
     # save wrote them.

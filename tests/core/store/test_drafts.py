@@ -5,18 +5,21 @@ operation of this process that names it writes it first; a draft never saved lea
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
 
 from nodbot.core import (
     Agent,
+    ApprovalRecord,
     ApprovalRequest,
     ChatResponse,
     Decision,
     DeferredApproval,
     HumanMessage,
     Message,
+    NewDelivery,
     RunNotFound,
     RunRecord,
     SqlApprovalStore,
@@ -188,8 +191,10 @@ async def test_the_reviews_a_first_save_wrote_are_known_without_a_read(url: str)
         waiting = await start.step(await start.draft())
         assert waiting.status == "waiting"
         opened = store.opened_reviews(start.run_id)
-        assert opened == await other.list(run_id=start.run_id)  # as written, in their order
-        assert [review.request.call_id for review in opened] == ["call_1", "call_2"]
+        assert opened is not None and opened.deliveries is None  # no announcer: not announced
+        reviews = opened.reviews
+        assert reviews == await other.list(run_id=start.run_id)  # as written, in their order
+        assert [review.request.call_id for review in reviews] == ["call_1", "call_2"]
         assert store.opened_reviews(start.run_id) is None  # asked once
         assert other.opened_reviews(start.run_id) is None  # another store did not write it
 
@@ -208,3 +213,71 @@ async def test_a_draft_written_before_its_first_save_leaves_its_reviews_to_a_rea
         assert (await start.step(await start.draft())).status == "waiting"
         assert store.opened_reviews(start.run_id) is None
         assert len(await store.list(run_id=start.run_id)) == 2
+
+
+class Announcing:
+    """An announcer: a request to `webhook:ops` at once and a reminder an hour later for
+    each review, those due at once claimed by w1; or a channel's bug, while `broken`."""
+
+    worker = "w1"
+    lease = 60.0
+
+    def __init__(self, *, broken: bool = False) -> None:
+        self.broken = broken
+
+    def opening(self, record: ApprovalRecord) -> list[NewDelivery]:
+        if self.broken:
+            raise RuntimeError("the channel's bug")
+        later = record.created_at + timedelta(hours=1)
+        return [
+            NewDelivery("request", "webhook:ops"),
+            NewDelivery("escalation", "webhook:ops", later),
+        ]
+
+
+async def test_a_first_save_announces_the_reviews_it_writes_with_them(url: str) -> None:
+    async with SqlApprovalStore(url) as store:
+        start = Start(store, lambda run_id: _nothing())
+        run = await store.draft_run(
+            agent="support",
+            messages=[HumanMessage(content="refund A-1")],
+            worker="w1",
+            announcer=Announcing(),
+        )
+        start.run_id = run.run_id
+        assert (await start.step(run)).status == "waiting"
+        opened = store.opened_reviews(run.run_id)
+        assert opened is not None
+        if url.startswith("postgresql"):  # one statement: left to the outbox
+            assert opened.deliveries is None
+            assert len(await store.unannounced()) == 2
+            return
+        assert await store.unannounced() == []  # announced in the save's transaction
+        assert opened.deliveries is not None
+        for review in opened.reviews:
+            stored = await store.deliveries(review.approval_id)
+            assert [d for d in opened.deliveries if d.approval_id == review.approval_id] == stored
+            request, escalation = stored
+            assert (request.kind, request.claimed_by) == ("request", "w1")
+            assert request.lease_until is not None and request.status == "due"
+            assert (escalation.kind, escalation.claimed_by) == ("escalation", None)
+            assert escalation.due_at == review.created_at + timedelta(hours=1)
+        # Claimed: nobody else takes the request meanwhile; the escalation is not due yet.
+        assert await store.claim_deliveries(worker="w2") == []
+    assert (await verify(url)).ok
+
+
+async def test_reviews_whose_announcer_fails_are_left_to_the_outbox(url: str) -> None:
+    async with SqlApprovalStore(url) as store:
+        start = Start(store, lambda run_id: _nothing())
+        run = await store.draft_run(
+            agent="support",
+            messages=[HumanMessage(content="refund A-1")],
+            worker="w1",
+            announcer=Announcing(broken=True),
+        )
+        start.run_id = run.run_id
+        assert (await start.step(run)).status == "waiting"  # the run is written all the same
+        opened = store.opened_reviews(run.run_id)
+        assert opened is not None and opened.deliveries is None
+        assert [a.record for a in await store.unannounced()] == opened.reviews
