@@ -141,6 +141,10 @@ class Dispatcher:
     ) -> None:
         self.store = store
         self.channels = {channel.name: channel for channel in channels}
+        self.tells_outcomes = any(channel.tells_outcomes for channel in channels)
+        """Whether a channel may want deliveries at a review's outcome."""
+        self.answers = any(channel.answers for channel in channels)
+        """Whether a channel tells a finished run's answer."""
         self.worker = worker
         self.lease = lease
         self.min_backoff = min_backoff

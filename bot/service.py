@@ -355,15 +355,14 @@ class BotService:
             event.set()
 
     def decided(self) -> None:
-        """Tell the workers a decision was recorded here: a run may be ready now. Whoever
-        waits on `decisions` is woken too."""
-        self._poke()
-        self._decided()
-
-    def _poke(self) -> None:
-        """Wake both lanes of the workers."""
+        """Tell the workers a decision was recorded here: a run may be ready now, and the
+        decision's outcome is to be announced where a channel tells outcomes (none does:
+        the outbox lane is not woken for nothing). Whoever waits on `decisions` is woken
+        too."""
         self._wake.set()
-        self._outbox_wake.set()
+        if self.dispatcher.tells_outcomes:
+            self._outbox_wake.set()
+        self._decided()
 
     def _decided(self) -> None:
         self._decisions.set()
@@ -469,6 +468,7 @@ class BotService:
                 lanes.create_task(self._lane(stop, self._wake, self._move_and_tell, "runs"))
                 outbox = self.dispatcher.start_step  # deliveries go on beside the next steps
                 lanes.create_task(self._lane(stop, self._outbox_wake, outbox, "outbox"))
+                lanes.create_task(self._stopping(stop))
         finally:
             while self._advancing:  # the runs moving on end (their tools return) first
                 await asyncio.wait(list(self._advancing))
@@ -510,7 +510,7 @@ class BotService:
 
     async def _advance_in_lane(self, run: RunRecord) -> None:
         try:
-            await self._advance(run)
+            run = await self._advance(run)
         except StoreError as exc:
             # Tried again (`_again`) by the next step, which this failure fails first.
             self._lane_failure = self._lane_failure or exc
@@ -520,7 +520,9 @@ class BotService:
             log.exception("run %s could not go on", run.run_id)
             return
         self.counters["runs_advanced"] += 1
-        self._outbox_wake.set()  # outcomes, answers, and the reviews of runs that paused again
+        dispatcher = self.dispatcher
+        if run.status != "finished" or dispatcher.tells_outcomes or dispatcher.answers:
+            self._outbox_wake.set()  # the reviews of a run that paused again, outcomes, answers
 
     def _advanced(self, task: asyncio.Task[None]) -> None:
         self._advancing.discard(task)
@@ -552,12 +554,19 @@ class BotService:
             else:
                 self.health.succeeded(lane)
                 pause, backoff = self.poll, FIRST_BACKOFF
-            waiting = [asyncio.ensure_future(wake.wait()), asyncio.ensure_future(stop.wait())]
+            # Until woken, or `pause` is up (the timer wakes it too), or `stop` is set (which
+            # wakes it: `_stopping`). One future and one timer: no task, at every step.
+            timer = asyncio.get_running_loop().call_later(pause, wake.set)
             try:
-                await asyncio.wait(waiting, timeout=pause, return_when=asyncio.FIRST_COMPLETED)
+                await wake.wait()
             finally:
-                for task in waiting:
-                    task.cancel()
+                timer.cancel()
+
+    async def _stopping(self, stop: asyncio.Event) -> None:
+        """Wake both lanes once `stop` is set, so that they see it and end."""
+        await stop.wait()
+        self._wake.set()
+        self._outbox_wake.set()
 
     async def _again(self) -> int:
         """Take the steps on that failed for a database reason, with the run as saved."""
