@@ -14,6 +14,7 @@ database work (see README, Benchmarks).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
@@ -946,9 +947,16 @@ def _pending_row(request: ApprovalRequest, now: datetime) -> Row:
 
 
 def _made(row: Row, request: ApprovalRequest) -> ApprovalRecord:
-    """The record of the review `row` just made from `request`: the request as given (what
-    `_record` would parse back from the row)."""
-    return ApprovalRecord(row["approval_id"], request, row["created_at"])
+    """The record of the review `row` just made from `request`, as `_record` would parse it
+    back from the row: the request's arguments and policy as their stored JSON gives them
+    (keys in order, sequences as lists), so that a record answered without a read shows
+    them as every read does."""
+    stored = dataclasses.replace(
+        request,
+        arguments=json.loads(canonical_json(request.arguments)),
+        policy=json.loads(canonical_json(request.policy)) if request.policy else {},
+    )
+    return ApprovalRecord(row["approval_id"], stored, row["created_at"])
 
 
 def _record(row: Row) -> ApprovalRecord:

@@ -6,6 +6,7 @@ read back."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -198,3 +199,18 @@ async def test_a_decided_call_asked_with_other_arguments_is_a_mismatch(url: str)
         taken = await store.claim(ask("c1"))
         assert taken.outcome == "taken"
         assert taken.record.approval_id == approval_id
+
+
+async def test_a_record_made_here_shows_its_request_as_stored(url: str) -> None:
+    # Answered without a read, the record still shows what every read of it shows: its
+    # arguments and policy as their stored JSON gives them, keys in order, lists for tuples.
+    policy = {"reviewers": ("ana", "bob"), "allow_self_approval": False}
+    async with SqlApprovalStore(url) as store:
+        made = (await store.claim(ask("c1", policy=policy))).record
+        stored = await store.get(made.approval_id)
+        assert made == stored
+        for mine, theirs in [
+            (made.request.arguments, stored.request.arguments),
+            (made.request.policy, stored.request.policy),
+        ]:
+            assert json.dumps(mine) == json.dumps(theirs)  # the same keys in the same order
