@@ -273,16 +273,17 @@ class BotService:
         except BaseException:
             self.store.forget_draft(run.run_id)  # never saved, so never written
             raise
-        if run.status != "waiting":
-            self._outbox_wake.set()  # what the step decided: the lane announces it
-            return run, None
         # As its first save wrote them, when the store knows (a SQL store's draft): a read
         # less an approval; a review decided meanwhile is then shown pending, as the run is
         # shown as saved.
         opened = self.store.opened_reviews(run.run_id)
         if opened is not None and opened.deliveries is not None:
-            self.dispatcher.start_opened(opened)  # announced by the save
-            return run, opened.reviews
+            self.dispatcher.start_opened(opened)  # announced by the save: claimed by us
+            if run.status == "waiting":
+                return run, opened.reviews
+        if run.status != "waiting":
+            self._outbox_wake.set()  # what the step decided: the lane announces it
+            return run, None
         try:
             reviews = opened.reviews if opened else await self.store.list(run_id=run.run_id)
         except BaseException:
