@@ -61,6 +61,13 @@ class BotStore(OutboxStore, RunStore, Protocol):
     """A store of approvals, their outbox and runs (`SqlApprovalStore`)."""
 
 
+class RunChange(asyncio.Event):
+    """Set when this process moves a run on (`BotService.run_changes`)."""
+
+    run: RunRecord | None = None
+    """The run as the step saved it; None when the step failed."""
+
+
 FIRST_BACKOFF = 0.1
 MOST_BACKOFF = 5.0
 """Seconds a worker waits after a failed step before the next: doubling, up to the most."""
@@ -177,9 +184,7 @@ class BotService:
         self._decisions = asyncio.Event()
         # One event per run someone waits on (GET /runs/{id}?wait): a change wakes only the
         # waiters of that run. Weak: an event nobody waits on any more goes away.
-        self._changes: weakref.WeakValueDictionary[str, asyncio.Event] = (
-            weakref.WeakValueDictionary()
-        )
+        self._changes: weakref.WeakValueDictionary[str, RunChange] = weakref.WeakValueDictionary()
         self.counters: dict[str, int] = {"runs_started": 0, "runs_advanced": 0}
         """What this process has done since it started, for /metrics."""
         self.dispatcher = Dispatcher(
@@ -342,17 +347,18 @@ class BotService:
             )
             self._outbox_wake.set()
 
-    def run_changes(self, run_id: str) -> asyncio.Event:
-        """An event set the next time this process moves the run on (`GET /runs/{id}?wait`);
-        hold on to it while waiting."""
+    def run_changes(self, run_id: str) -> RunChange:
+        """An event set the next time this process moves the run on (`GET /runs/{id}?wait`),
+        with the run as that step saved it; hold on to it while waiting."""
         event = self._changes.get(run_id)
         if event is None:
-            event = self._changes[run_id] = asyncio.Event()
+            event = self._changes[run_id] = RunChange()
         return event
 
-    def _changed(self, run_id: str) -> None:
+    def _changed(self, run_id: str, run: RunRecord | None = None) -> None:
         event = self._changes.pop(run_id, None)
         if event is not None:
+            event.run = run
             event.set()
 
     def decided(self) -> None:
@@ -586,13 +592,14 @@ class BotService:
 
     async def _advance(self, run: RunRecord) -> RunRecord:
         before = run.status
+        moved = None
         try:
-            run = await self._advance_once(run)
+            run = moved = await self._advance_once(run)
         except StoreError:
             self._unsaved.add(run.run_id)
             raise
         finally:
-            self._changed(run.run_id)
+            self._changed(run.run_id, moved)
         log.info(
             "run step",
             extra={

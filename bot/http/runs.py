@@ -120,10 +120,11 @@ def run_routes(service: BotService, tokens: TokenTable) -> list[Route]:
         query = parse(RunQuery, dict(request.query_params), "invalid query parameters")
         run_id = request.path_params["run_id"]
         deadline = time.monotonic() + query.wait
+        ended: RunRecord | None = None
         while True:
             changed = service.run_changes(run_id)  # taken before reading: no change is missed
             try:
-                run = await service.store.get_run(run_id)
+                run = ended or await service.store.get_run(run_id)
             except RunNotFound:
                 raise ApiError(404, "no run has this id", details={"run_id": run_id}) from None
             view = await _view(service, run)
@@ -134,6 +135,9 @@ def run_routes(service: BotService, tokens: TokenTable) -> list[Route]:
             # poll interval.
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(changed.wait(), min(left, service.poll))
+            # A run the step ended is shown as it saved it, not read again: it changes no more.
+            if changed.run is not None and changed.run.status in ("finished", "failed"):
+                ended = changed.run
 
     return [
         Route("/runs", start, methods=["POST"]),

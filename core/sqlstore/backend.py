@@ -511,7 +511,9 @@ class Backend(Protocol):
     ) -> Change:
         """Set `values` (status, messages, final_text, error, updated_at), bump the version and
         release the claim, if the run is still at `version`; in the same transaction, and
-        either way, finish each approval of `spent` (approval id, outcome) as `finish` does."""
+        either way, finish each approval of `spent` (approval id, outcome) as `finish` does.
+        The changed row has `pending` (as `get_run`'s) where the backend counts it so
+        (SQLite)."""
         ...
 
     async def renew_claim(

@@ -179,8 +179,10 @@ _GET_RUN = f"SELECT {RUN_COLUMNS}, pending FROM runs WHERE run_id = ?"
 _SAVE_RUN = (
     "UPDATE runs SET status = ?, messages = ?, final_text = ?, error = ?, updated_at = ?, "
     "version = version + 1, claimed_by = NULL, lease_until = NULL "
-    f"WHERE run_id = ? AND version = ? RETURNING {RUN_COLUMNS}"
+    f"WHERE run_id = ? AND version = ? RETURNING {RUN_COLUMNS}, pending"
 )
+"""A step's save, answering the run with how many of its reviews are pending (as `_GET_RUN`):
+whoever waits on the run is shown it without reading it again."""
 _RENEW_CLAIM = (
     "UPDATE runs SET version = version + 1, updated_at = ?, lease_until = ? "
     f"WHERE run_id = ? AND version = ? AND lease_until > ? RETURNING {RUN_COLUMNS}"
@@ -930,7 +932,7 @@ class SqliteBackend:
                     # (else: finished already, nothing to record)
                     self._append(db, approval_id, at, _finished_event(outcome))
 
-        return await self._run_change(_SAVE_RUN, parameters, run_id, before=finish)
+        return await self._run_change(_SAVE_RUN, parameters, run_id, before=finish, counted=True)
 
     async def renew_claim(
         self, run_id: str, version: int, at: datetime, lease_until: datetime
@@ -959,12 +961,19 @@ class SqliteBackend:
         run_id: str,
         *,
         before: Callable[[sqlite3.Connection], None] | None = None,
+        counted: bool = False,
     ) -> Change:
+        """`query` changes the run, after `before`; `counted`: it returns the run's pending
+        count after its columns (`_SAVE_RUN`)."""
+
         def work(db: sqlite3.Connection) -> Change:
             if before is not None:
                 before(db)
-            changed = _run_row(db.execute(query, parameters).fetchone())
+            found = db.execute(query, parameters).fetchone()
+            changed = _run_row(found[:-1] if counted and found is not None else found)
             if changed is not None:
+                if counted:
+                    changed["pending"] = found[-1]
                 return Change(changed, None)
             return Change(None, _run_row(self._fetch_run(db, run_id)))
 
