@@ -199,6 +199,10 @@ class _ApprovalsApi:
         on_decided: Callable[[], None] | None,
     ) -> None:
         self.store = store
+        self._made_pending: Callable[[str], ApprovalRecord | None] | None = getattr(
+            store, "made_pending", None
+        )
+        """The store's reviews it made pending and still knows (`SqlApprovalStore`)."""
         self.executor = Executor(registry, approval=DeferredApproval(store))
         self.tokens = tokens
         self.authorize = authorize_decision or refuse_self_approval
@@ -261,7 +265,7 @@ class _ApprovalsApi:
         token = self.tokens.require_token(request, "approvals:decide")
         principal = token.name
         body = parse(DecideBody, await json_body(request), "invalid decision")
-        record = await self._record(request.path_params["approval_id"])
+        record = await self._deciding(request.path_params["approval_id"])
         decision = body.to_decision(principal)
         if body.remember and (body.action != "approve" or scope_of(record.request) is None):
             why = NOT_REMEMBERED if body.action == "approve" else "only an approve is remembered"
@@ -321,6 +325,13 @@ class _ApprovalsApi:
         if self.on_decided is not None:
             self.on_decided()  # the run may be ready to go on
         return json_response(ApprovalView.of(decided))
+
+    async def _deciding(self, approval_id: str) -> ApprovalRecord:
+        """The review to decide: as the store made it pending, when it still knows it (no
+        read: who may decide it, and how, depends on its request alone, which never changes;
+        a review decided elsewhere since is found so by the decision's write), else read."""
+        known = self._made_pending(approval_id) if self._made_pending is not None else None
+        return known or await self._record(approval_id)
 
     async def _record(self, approval_id: str) -> ApprovalRecord:
         try:

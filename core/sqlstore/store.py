@@ -277,6 +277,13 @@ class SqlApprovalStore:
             decision = Decision.model_validate_json(decision.model_dump_json())
         return self._decided_here(_moved(pending, decision, decided_at=at))
 
+    def made_pending(self, approval_id: str) -> ApprovalRecord | None:
+        """The review `approval_id` as this store made it pending, while it keeps it (until
+        it decides it, or lets it go), without a read; None otherwise. Its request never
+        changes; its status may have moved on in another process since, which a decision
+        finds out by its write (`decide`, `vote`)."""
+        return self._pending.get(approval_id)
+
     def _made_here(self, record: ApprovalRecord) -> ApprovalRecord:
         """Remember `record`, just made pending by this store, for its decision; return it."""
         if record.decision is None:

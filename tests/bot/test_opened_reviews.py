@@ -36,6 +36,9 @@ from tests.support import eventually
 ROOT = Path(__file__).resolve().parents[2]
 TOKEN = "t-reviewer-0123456789abcdef"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
+REVIEWER_TOKEN = "t-other-reviewer-0123456789abcdef"
+"""A reviewer's, who did not start the runs and may decide them over the API."""
+REVIEWER = {"Authorization": f"Bearer {REVIEWER_TOKEN}"}
 
 
 class Counted(SqlApprovalStore):
@@ -47,6 +50,16 @@ class Counted(SqlApprovalStore):
         self.ready_claims = 0
         self.lists: list[tuple[str | None, str | None]] = []
         self.announced: list[str] = []
+        self.reads: list[str] = []
+        """The ids of the reviews and runs read one by one (`get`, `get_run`)."""
+
+    async def get(self, approval_id: str) -> ApprovalRecord:
+        self.reads.append(approval_id)
+        return await super().get(approval_id)
+
+    async def get_run(self, run_id: str) -> RunRecord:
+        self.reads.append(run_id)
+        return await super().get_run(run_id)
 
     async def announce(
         self,
@@ -158,8 +171,11 @@ async def bot(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[
     channel = Recording()
     async with Counted(config.store.url) as store:
         service = BotService(config, store, agents, channels=[channel])
-        token = ApiToken(name="U0123LEADS", token=TOKEN, scopes=["runs:write", "approvals:read"])
-        app = create_app(store=store, registry=service.registry, tokens=[token], service=service)
+        tokens = [
+            ApiToken(name="U0123LEADS", token=TOKEN, scopes=["runs:write", "approvals:read"]),
+            ApiToken(name="U0777REVIEW", token=REVIEWER_TOKEN, scopes=["approvals:decide"]),
+        ]
+        app = create_app(store=store, registry=service.registry, tokens=tokens, service=service)
         stop = asyncio.Event()
         working = asyncio.create_task(service.work(stop))
         bot = Bot(service, store, channel)
@@ -263,3 +279,34 @@ async def test_without_workers_a_new_runs_reviews_wait_for_the_lane(
         finally:
             stop.set()
             await working
+
+
+async def test_a_decision_and_a_wait_for_the_end_read_nothing_this_bot_knows(bot: Bot) -> None:
+    run = await bot.start("o-6")
+    [pending] = run["pending"]
+    before = len(bot.store.reads)
+    path = f"/approvals/{pending['approval_id']}/decide"
+    decided = await bot.client.post(path, json={"action": "approve"}, headers=REVIEWER)
+    assert decided.status_code == 200, decided.text
+    assert decided.json()["status"] == "approved"
+    # Authorized on the review as the store made it pending: its request never changes.
+    assert bot.store.reads[before:] == []
+    waited = await bot.client.get(f"/runs/{run['run_id']}", params={"wait": "10"}, headers=AUTH)
+    finished = waited.json()
+    assert finished["status"] == "finished" and finished["pending"] == []
+    assert finished["tool_results"][0]["status"] == "ok"
+    # The run read once, when the wait began; its end shown as the step that ended it saved it.
+    assert bot.store.reads[before:] == [run["run_id"]]
+    assert finished == (await bot.client.get(f"/runs/{run['run_id']}", headers=AUTH)).json()
+
+
+async def test_a_review_decided_elsewhere_is_not_decided_again_over_the_api(bot: Bot) -> None:
+    run = await bot.start("o-7")
+    [pending] = run["pending"]
+    async with SqlApprovalStore(bot.store.url) as other:  # another replica decides it first
+        await other.decide(pending["approval_id"], Decision(approved=False, decided_by="U0999"))
+    path = f"/approvals/{pending['approval_id']}/decide"
+    answer = await bot.client.post(path, json={"action": "approve"}, headers=REVIEWER)
+    assert answer.status_code == 409, answer.text
+    assert "already decided by U0999" in answer.json()["error"]
+    assert (await bot.store.get(pending["approval_id"])).status == "denied"
