@@ -29,6 +29,7 @@ from nodbot.core import (
     advance_run,
     arguments_digest,
 )
+from nodbot.core.outbox import Announcer
 from nodbot.core.sqlstore.audit import verify
 from tests.core.store.conftest import database_url
 
@@ -74,9 +75,12 @@ class Start:
         self.agent = Agent(Chat(), tools)
         self.executor = self.agent.executor(approval=DeferredApproval(store))
 
-    async def draft(self) -> RunRecord:
+    async def draft(self, announcer: Announcer | None = None) -> RunRecord:
         run = await self.store.draft_run(
-            agent="support", messages=[HumanMessage(content="refund A-1")], worker="w1"
+            agent="support",
+            messages=[HumanMessage(content="refund A-1")],
+            worker="w1",
+            announcer=announcer,
         )
         self.run_id = run.run_id
         return run
@@ -238,13 +242,7 @@ class Announcing:
 async def test_a_first_save_announces_the_reviews_it_writes_with_them(url: str) -> None:
     async with SqlApprovalStore(url) as store:
         start = Start(store, lambda run_id: _nothing())
-        run = await store.draft_run(
-            agent="support",
-            messages=[HumanMessage(content="refund A-1")],
-            worker="w1",
-            announcer=Announcing(),
-        )
-        start.run_id = run.run_id
+        run = await start.draft(Announcing())
         assert (await start.step(run)).status == "waiting"
         opened = store.opened_reviews(run.run_id)
         assert opened is not None
@@ -270,13 +268,7 @@ async def test_a_first_save_announces_the_reviews_it_writes_with_them(url: str) 
 async def test_reviews_whose_announcer_fails_are_left_to_the_outbox(url: str) -> None:
     async with SqlApprovalStore(url) as store:
         start = Start(store, lambda run_id: _nothing())
-        run = await store.draft_run(
-            agent="support",
-            messages=[HumanMessage(content="refund A-1")],
-            worker="w1",
-            announcer=Announcing(broken=True),
-        )
-        start.run_id = run.run_id
+        run = await start.draft(Announcing(broken=True))
         assert (await start.step(run)).status == "waiting"  # the run is written all the same
         opened = store.opened_reviews(run.run_id)
         assert opened is not None and opened.deliveries is None
