@@ -264,7 +264,11 @@ class Dispatcher:
         """The deliveries the channels want of a review just opened (its `request` stage):
         this dispatcher announces new runs' reviews as their first save writes them
         (`core.outbox.Announcer`)."""
-        return [d for c in self.channels.values() for d in c.targets(record, "request")]
+        return self._wanted(record, "request")
+
+    def _wanted(self, record: ApprovalRecord, stage: Moment) -> list[NewDelivery]:
+        """What every channel wants of the review at `stage`."""
+        return [d for c in self.channels.values() for d in c.targets(record, stage)]
 
     def start_opened(self, opened: Opened) -> int:
         """Start delivering what the reviews a new run opened were announced with, in the
@@ -320,7 +324,7 @@ class Dispatcher:
         record, stage = announcement.record, announcement.stage
         if stage == "request":
             _log_opened(record)
-        wanted = [d for c in self.channels.values() for d in c.targets(record, stage)]
+        wanted = self._wanted(record, stage)
         worker = self.worker if claim else None
         made = await self.store.announce(
             record.approval_id, stage, wanted, worker=worker, lease=self.lease

@@ -290,7 +290,10 @@ class BotService:
             self._outbox_wake.set()  # what the step decided: the lane announces it
             return run, None
         try:
-            reviews = opened.reviews if opened else await self.store.list(run_id=run.run_id)
+            if opened is not None:
+                reviews = opened.reviews
+            else:
+                reviews = await self.store.list(run_id=run.run_id)
         except BaseException:
             self._outbox_wake.set()  # the lane announces what it opened
             raise

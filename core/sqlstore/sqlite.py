@@ -291,12 +291,13 @@ def _delivery_row(found: Sequence[Any] | None) -> Row | None:
 
 
 def _delivery_values(
-    approval_id: str, deliveries: Sequence[Row], announcing: Announcing
+    approval_id: str,
+    deliveries: Sequence[Row],
+    at: datetime,
+    claim: tuple[str, datetime] | None,
 ) -> list[tuple[Any, ...]]:
     """The values of `_INSERT_DELIVERY` for each delivery a review wants (kind, target,
-    due_at), as `announcing` makes them (those due by its time claimed by its claim's
-    worker)."""
-    at, claim = announcing.at, announcing.claim
+    due_at), announced at `at` (those due by then claimed by `claim`'s worker)."""
     now = _text(at)
     claimed = (None, None) if claim is None else (claim[0], _text(claim[1]))
     values = []
@@ -878,7 +879,10 @@ class SqliteBackend:
             []
             if announcing is None
             else [
-                (approval_id, _delivery_values(approval_id, wanted, announcing))
+                (
+                    approval_id,
+                    _delivery_values(approval_id, wanted, announcing.at, announcing.claim),
+                )
                 for approval_id, wanted in announcing.deliveries.items()
             ]
         )
@@ -1001,7 +1005,7 @@ class SqliteBackend:
         at: datetime,
         claim: tuple[str, datetime] | None = None,
     ) -> list[Row]:
-        values = _delivery_values(approval_id, deliveries, Announcing(stage, {}, at, claim))
+        values = _delivery_values(approval_id, deliveries, at, claim)
         return await self._transaction(lambda db: _announce(db, approval_id, stage, values))
 
     async def claim_deliveries(
