@@ -5,10 +5,11 @@ person first (`bot.people`), the same on every channel (Slack, the web inbox, th
 stands for, and the reason to refuse (None to allow). In order:
 
 1. the handle is resolved to a person; a lookup that fails refuses ("try again");
-2. self-approval: the run's requester, and whoever started the run for them (a token with
-   `runs:write-as`, kept as the run's `started_by`), resolved too, may deny but not approve
-   or edit, unless the rule allows it; when the run cannot be read, the approval is refused
-   ("try again");
+2. self-approval: the run's requester, whoever started the run for them (a token with
+   `runs:write-as`, kept as the run's `started_by`) and the API token that asked for a call
+   of an external tool (`POST /approvals`, kept as `requested_with`), resolved too, may deny
+   but not approve or edit, unless the rule allows it; when the run cannot be read, the
+   approval is refused ("try again");
 3. the rule's reviewers (and, from `escalate_after` on, `escalate_to`): Slack users and email
    addresses match by person; user groups by the person's Slack users among the group's
    members; channels by membership of a channel the review was posted to. A check of a
@@ -127,8 +128,11 @@ class Authorizer:
                 starter = await self.started_by(record) if self.started_by else None
             except StoreError as exc:
                 return f"could not check who started this run ({exc.kind}); try again in a moment"
-            for handle in (record.request.requested_by, starter):
-                if handle and (await self.people.person(handle)).key == person.key:
+            asker = policy.get("requested_with")
+            for handle in (record.request.requested_by, starter, asker):
+                if not isinstance(handle, str) or not handle:
+                    continue
+                if (await self.people.person(handle)).key == person.key:
                     return SELF_APPROVAL_REASON
         listed = [str(text) for text in policy.get("reviewers") or []]
         escalate_at = policy.get("escalate_at")

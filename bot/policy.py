@@ -1,6 +1,12 @@
 """The configuration's rules as the executor's approval port.
 
-Every call is put to `RulesPort`, and the first rule of the file that matches it decides:
+Every call is put to `RulesPort`, and the first rule of the file that matches it decides.
+Rules judge the call's arguments as its tool's model validated them (`Judged`): the bot's
+own tools' models, else the JSON schema the caller sent (checked strictly, defaults filled
+in), else the values as given. A rule whose `when` cannot judge the call (a missing
+argument, a value of another type, arguments that fail validation) fails closed by its
+outcome: a review or deny rule matches, an approve rule does not (the next rule is tried),
+and a remembered approval does not decide it.
 
 | first matching rule     | the call                                                    |
 |-------------------------|-------------------------------------------------------------|
@@ -11,7 +17,9 @@ Every call is put to `RulesPort`, and the first rule of the file that matches it
 | `decision: deny`        | is denied, with the rule's description as the reason        |
 | `reviewers: [...]`      | waits in the store for a person (`DeferredApproval`), until  |
 |                         | the rule's `timeout`, when `expire_due` applies its          |
-|                         | `timeout_decision`                                          |
+|                         | `timeout_decision`; or is approved at once by a remembered   |
+|                         | approval, when the reviewer who remembered it may still      |
+|                         | approve this call (checked now, as a click would be)         |
 
 `<n>` is the rule's position in the file (from 0), as in the configuration's error messages.
 """
@@ -19,10 +27,11 @@ Every call is put to `RulesPort`, and the first rule of the file that matches it
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Sequence
+import logging
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from nodbot.bot.bounds import edit_refusal
 from nodbot.bot.config import Config
@@ -39,15 +48,22 @@ from nodbot.core import (
     DeferredApproval,
     Executor,
     InterruptRule,
+    InvalidArgumentsError,
     PortAnswer,
+    RunStore,
     ToolCall,
     ToolRegistry,
     merge_edit,
 )
+from nodbot.core.arguments_schema import judged_arguments
 from nodbot.core.store import utc_now
+
+if TYPE_CHECKING:
+    from nodbot.bot.authorize import Verdict
 
 __all__ = [
     "SELF_APPROVAL_REASON",
+    "Judged",
     "Ruled",
     "RulesPort",
     "authorize_by_rules",
@@ -59,6 +75,21 @@ SELF_APPROVAL_REASON = "you started this run, so you may not approve its calls"
 
 NO_RULE = "nodbot:no-rule"
 """Who `decided` a call that no rule covers: nobody had to."""
+
+log = logging.getLogger(__name__)
+
+Authorize = Callable[[str, ApprovalRecord, Decision], Awaitable["Verdict"]]
+"""`(handle, record, decision) -> Verdict`: `bot.authorize.AuthorizeDecision`."""
+
+
+@dataclass(frozen=True)
+class Judged:
+    """A call's arguments as the rules judge them (`RulesPort.judged`)."""
+
+    values: Mapping[str, Any] | None
+    """As the tool's model validated them (types coerced, defaults filled in); for a tool
+    that runs elsewhere, as its caller's JSON schema checked them (defaults filled in), or as
+    given without one. None when they failed that validation: no rule approves them."""
 
 
 @dataclass(frozen=True)
@@ -89,14 +120,19 @@ class RulesPort(DeferredApproval):
         *,
         clock: Callable[[], datetime] = utc_now,
         registry: ToolRegistry | None = None,
+        authorize: Authorize | None = None,
     ) -> None:
         super().__init__(store)
         self.config = config
         self._clock = clock
         self.registry = registry
+        self._authorize = authorize
+        """Checks the reviewer of a remembered approval before it decides a call (the bot's
+        `Authorizer`); by default one of `config`'s `people:`, without Slack."""
 
     async def request(self, request: ApprovalRequest) -> PortAnswer:
-        ruled = await self.rule(request)
+        # The executor's: its arguments are the tool's model's validated ones already.
+        ruled = await self.rule(request, judged=Judged(request.arguments))
         if ruled.decision is None:
             return await super().request(ruled.request)
         if ruled.evidence is None:
@@ -113,12 +149,15 @@ class RulesPort(DeferredApproval):
                 )
         return await super().request(ruled.request)
 
-    async def open_review(self, request: ApprovalRequest) -> tuple[ApprovalRecord, bool]:
+    async def open_review(
+        self, request: ApprovalRequest, *, judged: Judged | None = None
+    ) -> tuple[ApprovalRecord, bool]:
         """The stored record of a call of a tool that runs elsewhere (`POST /approvals`, a
         hosted agent's pause), as the rules make it: decided at once (and recorded so) or
         pending a review; and whether it was decided here. The call's active record is kept
-        when there is one: the caller checks it is for the same tool and arguments."""
-        ruled = await self.rule(request)
+        when there is one: the caller checks it is for the same tool and arguments. The
+        rules judge `judged`, by default `judged(request)`."""
+        ruled = await self.rule(request, judged=judged)
         record = await self.store.create(ruled.request)
         if ruled.decision is None or record.decision is not None:
             return record, False
@@ -129,23 +168,45 @@ class RulesPort(DeferredApproval):
             )
         return await self.store.get(record.approval_id), True
 
-    async def rule(self, request: ApprovalRequest) -> Ruled:
+    def judged(self, request: ApprovalRequest) -> Judged:
+        """The call's arguments as the rules judge them (see `Judged`): validated by the
+        model of the bot's own tool of that name, else checked against the JSON schema the
+        caller kept with the review (`policy["schema"]`), else as given."""
+        if self.registry is not None and request.tool in self.registry:
+            try:
+                validated = self.registry.get(request.tool).validate(request.arguments)
+            except InvalidArgumentsError:
+                return Judged(None)
+            return Judged(validated.canonical)
+        schema = request.policy.get("schema")
+        if isinstance(schema, dict):
+            return Judged(judged_arguments(schema, request.arguments))
+        return Judged(dict(request.arguments))
+
+    async def rule(self, request: ApprovalRequest, *, judged: Judged | None = None) -> Ruled:
         """What the rules make of a call: a decision at once (by a rule, or by a reviewer's
         remembered approval), or the request as it is to wait for review (with its rule's
-        policy, deadline and approvals required)."""
-        for index, rule in enumerate(self.config.rules):
-            if not rule.covers(request.tool, request.arguments):
-                continue
+        policy, deadline and approvals required). The rules judge `judged`, by default
+        `judged(request)`."""
+        arguments = (judged or self.judged(request)).values
+        found = self.config.rule_for(request.tool, arguments)
+        if found is not None:
+            index, rule, certain = found
             by = f"nodbot:rules.{index}"
-            if rule.decision == "approve":
+            if rule.decision == "approve":  # `certain`: an approve rule takes no other
                 return Ruled(
                     request, Decision(approved=True, reason=rule.description, decided_by=by)
                 )
             if rule.decision == "deny":
                 reason = rule.description or f"denied by rule {index} of the configuration"
                 return Ruled(request, Decision(approved=False, reason=reason, decided_by=by))
-            return await self._reviewed(request, index, rule)
-        asks = await self._asks_for_review(request)
+            # A call the rule holds only by failing closed is not one a reviewer approved
+            # before: no remembered approval decides it.
+            return await self._reviewed(request, index, rule, remembered=certain)
+        if arguments is None:
+            asks: str | None = "its arguments fail validation"
+        else:
+            asks = await self._asks_for_review(request, arguments)
         if asks is None:
             return Ruled(request, Decision(approved=True, decided_by=NO_RULE))
         if self.config.defaults is not None:
@@ -158,15 +219,63 @@ class RulesPort(DeferredApproval):
         return Ruled(request, Decision(approved=False, reason=reason, decided_by=NO_RULE))
 
     async def _reviewed(
-        self, request: ApprovalRequest, index: int | str, rule: ReviewPolicy
+        self,
+        request: ApprovalRequest,
+        index: int | str,
+        rule: ReviewPolicy,
+        *,
+        remembered: bool = True,
     ) -> Ruled:
-        """The call under a review rule: approved by a remembered approval it matches, else
-        waiting for review."""
+        """The call under a review rule: approved by a remembered approval it matches (when
+        `remembered`, and its reviewer may approve this call now), else waiting for
+        review."""
         waiting = self._review(request, index, rule)
-        remembered = await remembered_decision(self.store, waiting)
-        if remembered is not None:
-            return Ruled(waiting, remembered[0], remembered[1])
-        return Ruled(waiting)
+        found = await remembered_decision(self.store, waiting) if remembered else None
+        if found is None:
+            return Ruled(waiting)
+        decision, evidence = found
+        refusal = await self._remembered_refusal(waiting, decision, evidence)
+        if refusal is None:
+            return Ruled(waiting, decision, evidence)
+        log.warning(
+            "a remembered approval was not used: %s",
+            refusal,
+            extra={
+                "run_id": request.run_id,
+                "tool": request.tool,
+                "decided_by": decision.decided_by,
+                "remembered": evidence.get("remembered"),
+            },
+        )
+        # Kept with the review, so that its reviewers and the audit trail see why it waits.
+        unused = {"remembered": evidence.get("remembered"), "reason": refusal}
+        return Ruled(replace(waiting, policy={**waiting.policy, "remembered_unused": unused}))
+
+    async def _remembered_refusal(
+        self, waiting: ApprovalRequest, decision: Decision, evidence: Mapping[str, Any]
+    ) -> str | None:
+        """Why the reviewer who remembered an approval may not approve this call now, as
+        if they clicked Approve on it (self-approval, the rule's reviewers as the file has
+        them now, people, groups, channels): None when they may. Channels are checked
+        against where the review they remembered it in was posted: the same rule's
+        places."""
+        assert decision.decided_by is not None
+        record = ApprovalRecord(
+            approval_id=str(evidence.get("from_review", "")),
+            request=waiting,
+            created_at=self._clock(),
+        )
+        verdict = await self._authorizer()(decision.decided_by, record, decision)
+        return verdict.refusal
+
+    def _authorizer(self) -> Authorize:
+        if self._authorize is None:
+            # Imported here: `bot.authorize` imports this module.
+            from nodbot.bot.authorize import authorizer_for
+
+            runs = self.store if isinstance(self.store, RunStore) else None
+            self._authorize = authorizer_for(self.config, runs=runs)
+        return self._authorize
 
     def _review(
         self, request: ApprovalRequest, index: int | str, rule: ReviewPolicy
@@ -184,11 +293,14 @@ class RulesPort(DeferredApproval):
             request = replace(request, deadline=deadline, on_timeout=rule.timeout_decision)
         return request
 
-    async def _asks_for_review(self, request: ApprovalRequest) -> str | None:
+    async def _asks_for_review(
+        self, request: ApprovalRequest, arguments: Mapping[str, Any]
+    ) -> str | None:
         """Why the call's tool asks for review (its `confirm`), or None when it does not.
         Fails closed: no registry, an unknown tool or a confirm rule that raises asks. A
-        confirm rule is asked as `Executor.needs_review` asks it, with the run's id and
-        requester in its context (no metadata: the port does not see it)."""
+        confirm rule is asked as `Executor.needs_review` asks it, with the validated
+        `arguments`, the run's id and requester in its context (no metadata: the port does
+        not see it)."""
         if self.registry is None or request.tool not in self.registry:
             return "its confirm cannot be read here"
         tool = self.registry.get(request.tool)
@@ -196,7 +308,7 @@ class RulesPort(DeferredApproval):
             return "confirm=True" if tool.confirm else None
         probe = Executor(self.registry)  # no rules: it asks the tool's confirm alone
         call = ToolCall.model_construct(
-            name=request.tool, arguments=dict(request.arguments), id=request.call_id
+            name=request.tool, arguments=dict(arguments), id=request.call_id
         )
         ctx = probe.context(request.run_id, requested_by=request.requested_by)
         if await probe.needs_review(tool, call, ctx):
@@ -251,10 +363,12 @@ def authorize_by_rules(
     channels use `bot.authorize.Authorizer`, which compares persons instead (a Slack user id
     and the address Slack holds for it are one reviewer) and asks Slack about user groups and
     channels; this is the check for code that has no directory of people. From the rule's
-    `escalate_after` on, its `escalate_to` reviewers may decide too."""
+    `escalate_after` on, its `escalate_to` reviewers may decide too. Whoever asked for the
+    call (its requester, and the API token that asked for it, `requested_with`) may not
+    approve it unless the rule allows self-approval."""
     policy = record.request.policy
-    requester = record.request.requested_by
-    own = requester is not None and requester.lower() == principal.lower()
+    asked_by = (record.request.requested_by, policy.get("requested_with"))
+    own = any(isinstance(who, str) and who.lower() == principal.lower() for who in asked_by)
     if decision.approved and own and not policy.get("allow_self_approval", False):
         return SELF_APPROVAL_REASON
     listed = list(policy.get("reviewers", []))
@@ -297,9 +411,11 @@ def rules_executor(
     store: ApprovalStore,
     *,
     clock: Callable[[], datetime] = utc_now,
+    authorize: Authorize | None = None,
 ) -> Executor:
     """An executor over `registry` that puts every call to the rules of `config`; `clock`
-    dates the deadlines of new reviews."""
+    dates the deadlines of new reviews, `authorize` checks the reviewers of remembered
+    approvals (`RulesPort`)."""
     every_call: Sequence[InterruptRule] = (InterruptRule(tool="*"),)
-    port = RulesPort(config, store, clock=clock, registry=registry)
+    port = RulesPort(config, store, clock=clock, registry=registry, authorize=authorize)
     return Executor(registry, approval=port, rules=every_call)

@@ -147,10 +147,16 @@ async def _serving(
         # With no channel to tell a review's outcome, the vote that decides it marks its
         # outcome announced at once: no second stage for the outbox (a write transaction).
         store.outcome_stage = any(channel.tells_outcomes for channel in channels)
-        service = BotService(
-            config, store, agents, channels=channels, registry=registry, hosted=hosted
-        )
         authorizer = authorizer_for(config, slack_channel, runs=store)
+        service = BotService(
+            config,
+            store,
+            agents,
+            channels=channels,
+            registry=registry,
+            hosted=hosted,
+            authorize=authorizer,
+        )
         slack = None
         if config.slack is not None and slack_channel is not None:
             slack = SlackReviews(

@@ -29,7 +29,7 @@ from typing import Protocol
 from nodbot.bot.config import Config
 from nodbot.bot.hosted import HostedRuns
 from nodbot.bot.outbox import Channel, Dispatcher, OutboxStore
-from nodbot.bot.policy import RulesPort, rules_executor
+from nodbot.bot.policy import Authorize, RulesPort, rules_executor
 from nodbot.core import (
     Agent,
     ApprovalRecord,
@@ -161,8 +161,12 @@ class BotService:
         worker: str | None = None,
         registry: ToolRegistry | None = None,
         hosted: Mapping[str, HostedAgent] | None = None,
+        authorize: Authorize | None = None,
     ) -> None:
         self.config = config
+        self.authorize = authorize
+        """Checks the reviewer of a remembered approval before it decides a call (the bot's
+        `Authorizer`, as for a click); None: one of `config`'s `people:` (`RulesPort`)."""
         self.store = store
         self.agents = dict(agents)
         self.hosted = dict(hosted or {})
@@ -175,7 +179,8 @@ class BotService:
             registry = ToolRegistry.merged(agent.tools for agent in self.agents.values())
         self.registry = registry
         self._executors: dict[str, Executor] = {
-            name: rules_executor(agent.tools, config, store) for name, agent in agents.items()
+            name: rules_executor(agent.tools, config, store, authorize=authorize)
+            for name, agent in agents.items()
         }
         self._wake = asyncio.Event()
         """Set when runs may be ready (a decision, a new run): the runs' lane looks."""
@@ -214,7 +219,7 @@ class BotService:
             states = getattr(store, "run_states", None)
             if not isinstance(states, RunStates):
                 raise ValueError("framework_agents need a store that keeps run states (SQL)")
-            port = RulesPort(config, store, registry=self.registry)
+            port = RulesPort(config, store, registry=self.registry, authorize=authorize)
             self._hosted_runs = HostedRuns(
                 store, states, port, worker=self.worker, lease=self.lease
             )

@@ -5,9 +5,25 @@ rules = [InterruptRule(tool="refund", match=gt("amount", 100))]
 should_interrupt(rules, "refund", {"amount": 120.0})   # True
 ```
 
-A predicate that raises (a missing argument, a string compared with a number) counts as a
-match: when in doubt, a person is asked. Regular expressions are searched (`re.search`), so
-anchor them with `^` and `$` to match a whole value.
+Rules judge the arguments the tool will run with: the executor tests them on the arguments
+as the tool's model validated them (types coerced, defaults filled in), never on what the
+model wrote.
+
+A predicate can fail to judge a call: an argument is missing, is of another type than the
+value it is compared with (`"5000"`, `null`, a list or an object where a number is meant; a
+boolean is not a number here), or is NaN. Such a predicate raises, and `judge` says None:
+neither a match nor a miss. What None leads to is the safer outcome of the rule it belongs
+to (fail closed by the outcome, not by the predicate):
+
+- a rule that asks for review (every `InterruptRule`) or denies counts it as a match: when
+  in doubt, a person is asked;
+- a rule that approves (or lets a remembered approval decide) counts it as no match: the
+  call goes on to the next rule, and in the end to a person. No rule ever approves a call
+  it could not judge.
+
+`all` and `any` of several predicates (and `all_fields`, `any_field`) test each of them, so
+one that cannot judge makes the whole undecided, whatever the order. Regular expressions
+are searched (`re.search`), so anchor them with `^` and `$` to match a whole value.
 """
 
 from __future__ import annotations
@@ -33,6 +49,7 @@ __all__ = [
     "eq",
     "ge",
     "gt",
+    "judge",
     "le",
     "lt",
     "matches",
@@ -52,7 +69,8 @@ _OPERATORS: dict[str, Callable[[Any, Any], bool]] = {
 
 
 class Predicate(ABC):
-    """A named test on a call's arguments. May raise; callers treat raising as a match."""
+    """A named test on a call's arguments. Raises when it cannot judge them (see the
+    module): `judge` turns that into None."""
 
     @abstractmethod
     def __call__(self, arguments: Mapping[str, Any]) -> bool:
@@ -75,7 +93,8 @@ class Comparison(Predicate):
         actual = arguments[self.field]
         if actual != actual:  # NaN compares false with everything: undecidable, so raise
             raise ValueError(f"{self.field} is not a number")
-        if self.op == "eq" and not _comparable(actual, self.value):
+        comparable = _comparable if self.op == "eq" else _ordered
+        if not comparable(actual, self.value):
             raise TypeError(
                 f"{self.field} is {type(actual).__name__}, not {type(self.value).__name__}"
             )
@@ -138,6 +157,20 @@ def _comparable(actual: Any, expected: Any) -> bool:
     if isinstance(actual, numbers) and isinstance(expected, numbers):
         return isinstance(actual, bool) == isinstance(expected, bool)
     return type(actual) is type(expected)
+
+
+def _ordered(actual: Any, expected: Any) -> bool:
+    """Whether `<` between the two means something: two strings, or two non-bool numbers
+    (Python would order True below 2, and lists among themselves)."""
+    if isinstance(actual, str) and isinstance(expected, str):
+        return True
+    numbers = (int, float)
+    return (
+        isinstance(actual, numbers)
+        and isinstance(expected, numbers)
+        and not isinstance(actual, bool)
+        and not isinstance(expected, bool)
+    )
 
 
 def _check_field(field: object, what: str) -> None:
@@ -217,7 +250,8 @@ class InterruptRule:
     tool: str
     """A tool name, or `"*"` for every tool."""
     match: ArgumentTest | None = None
-    """A predicate on the arguments; raising counts as a match."""
+    """A predicate on the arguments; one that cannot judge them (raises) counts as a
+    match."""
     description: str | None = None
     """Why the rule exists, shown to reviewers."""
 
@@ -235,16 +269,27 @@ class InterruptRule:
         """Whether the rule names this tool."""
         return self.tool in ("*", tool)
 
-    def matches(self, arguments: Mapping[str, Any]) -> bool:
-        """Whether a call with these arguments needs review. Fails closed."""
+    def judge(self, arguments: Mapping[str, Any]) -> bool | None:
+        """Whether `match` holds for the arguments (True without one); None when it cannot
+        judge them. A rule that approves takes only True (see the module)."""
         if self.match is None:
             return True
-        try:
-            return bool(self.match(arguments))
-        except Exception:
-            # A predicate that cannot decide (missing argument, wrong type) must not let the
-            # call through unreviewed.
-            return True
+        return judge(self.match, arguments)
+
+    def matches(self, arguments: Mapping[str, Any]) -> bool:
+        """Whether a call with these arguments needs review. Fails closed: a predicate that
+        cannot judge them (a missing argument, a wrong type) must not let the call through
+        unreviewed."""
+        return self.judge(arguments) is not False
+
+
+def judge(test: ArgumentTest, arguments: Mapping[str, Any]) -> bool | None:
+    """Whether `test` holds for `arguments`: True or False, or None when it cannot tell
+    (it raised: a missing argument, a value of another type, NaN)."""
+    try:
+        return bool(test(arguments))
+    except Exception:
+        return None
 
 
 def should_interrupt(

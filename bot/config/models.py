@@ -422,8 +422,11 @@ class _CoveredCalls(ConfigModel):
     tool: str
     """The tool's name, or `*` for every tool."""
     when: PredicateSpec | None = None
-    """A predicate on the call's arguments; without it every call of the tool matches. A
-    predicate that cannot decide (a missing argument, a wrong type) counts as a match."""
+    """A predicate on the call's arguments (as the tool's model validated them); without it
+    every call of the tool matches. A predicate that cannot judge a call (a missing argument,
+    a value of another type, NaN) fails closed by the rule's outcome: a review or deny rule
+    matches, an approve rule does not (the call goes on to the next rule), and a remembered
+    approval does not decide it."""
     decision: Literal["approve", "deny"] | None = None
     """Decide without a person. A rule has either `decision` or `reviewers`."""
 
@@ -473,10 +476,22 @@ class Rule(ReviewPolicy, _CoveredCalls):
         """
         return self.interrupt_rule
 
-    def covers(self, tool: str, arguments: Mapping[str, Any]) -> bool:
-        """Whether this rule matches the call; a predicate that raises counts as a match."""
+    def judge(self, tool: str, arguments: Mapping[str, Any] | None) -> bool | None:
+        """Whether the call is one this rule is about: False for another tool; for its own,
+        whether `when` holds, or None when that cannot be judged (a predicate cannot judge
+        the arguments, or they failed the tool's validation: `arguments` None)."""
         rule = self.interrupt_rule
-        return rule.applies_to(tool) and rule.matches(arguments)
+        if not rule.applies_to(tool):
+            return False
+        if arguments is None:
+            return None  # invalid arguments: not even a rule without `when` judges them
+        return rule.judge(arguments)
+
+    def covers(self, tool: str, arguments: Mapping[str, Any] | None) -> bool:
+        """Whether this rule takes the call, failing closed by its outcome: a call it cannot
+        judge is taken by a review or deny rule and left by an approve rule (`judge`)."""
+        verdict = self.judge(tool, arguments)
+        return verdict is True or (verdict is None and self.decision != "approve")
 
 
 class Defaults(ReviewPolicy):
@@ -823,7 +838,9 @@ class Config(ConfigModel):
             yield ("defaults",), self.defaults
 
     def _shadowed_rules(self) -> Iterator[tuple[KeyPath, str]]:
-        catch_all: dict[str, int] = {}  # tool (or "*") -> the first rule without `when`
+        # tool (or "*") -> the first rule without `when` that takes every call: not an
+        # approve rule, which leaves the calls whose arguments fail validation to the next.
+        catch_all: dict[str, int] = {}
         for number, rule in enumerate(self.rules):
             earlier = catch_all.get("*", catch_all.get(rule.tool))
             if earlier is not None:
@@ -831,7 +848,7 @@ class Config(ConfigModel):
                 what = "every call" if first.tool == "*" else f"every call of {rule.tool!r}"
                 hidden = f"rules.{earlier} (without when) matches {what} first"
                 yield ("rules", number), f"this rule is never used: {hidden}"
-            elif rule.when is None:
+            elif rule.when is None and rule.decision != "approve":
                 catch_all.setdefault(rule.tool, number)
         if self.defaults is not None and "*" in catch_all:
             every = f"rules.{catch_all['*']} (tool '*', without when) matches every call first"
@@ -848,12 +865,25 @@ class Config(ConfigModel):
                 expanded.append(reviewer)
         return expanded
 
-    def first_matching_rule(self, tool: str, arguments: Mapping[str, Any]) -> Rule | None:
-        """The first rule that covers this call, or None when no rule does. A predicate
-        that raises counts as a match, as in core."""
-        for rule in self.rules:
-            if rule.covers(tool, arguments):
-                return rule
+    def first_matching_rule(self, tool: str, arguments: Mapping[str, Any] | None) -> Rule | None:
+        """The first rule that covers this call (`Rule.covers`), or None when no rule does."""
+        found = self.rule_for(tool, arguments)
+        return None if found is None else found[1]
+
+    def rule_for(
+        self, tool: str, arguments: Mapping[str, Any] | None
+    ) -> tuple[int, Rule, bool] | None:
+        """The first rule that covers this call (`Rule.covers`: one that cannot judge it
+        covers it unless it approves), its position in the file, and whether it judged the
+        call (False: its `when` could not, so it holds it by failing closed); None when no
+        rule covers it. `arguments` are the call's as the tool's model validated them, None
+        when they failed that validation."""
+        for number, rule in enumerate(self.rules):
+            verdict = rule.judge(tool, arguments)
+            if verdict is True:
+                return number, rule, True
+            if verdict is None and rule.decision != "approve":
+                return number, rule, False
         return None
 
     @property

@@ -21,8 +21,8 @@ from nodbot.core import ConfigurationError, Predicate
 
 @dataclass(frozen=True)
 class AllOf(Predicate):
-    """Every predicate matches. Each is tested, so one that raises (a missing argument)
-    makes the whole raise, whatever the order: the rule then counts as a match."""
+    """Every predicate matches. Each is tested, so one that cannot judge the call (a missing
+    argument) makes the whole unable to, whatever the order (`core.rules`)."""
 
     predicates: tuple[Predicate, ...]
 
@@ -36,8 +36,8 @@ class AllOf(Predicate):
 
 @dataclass(frozen=True)
 class AnyOf(Predicate):
-    """At least one predicate matches. Each is tested, so one that raises makes the whole
-    raise, whatever the order: the rule then counts as a match."""
+    """At least one predicate matches. Each is tested, so one that cannot judge the call
+    makes the whole unable to, whatever the order (`core.rules`)."""
 
     predicates: tuple[Predicate, ...]
 

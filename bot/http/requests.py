@@ -9,7 +9,8 @@ a call to the bot's rules before it runs it, waits for the decision, and takes i
 | `GET /approvals/{id}?wait=N`      | approvals:read or | the approval, once decided or after N  |
 |                                   | approvals:request | seconds (at most 60)                   |
 | `POST /approvals/{id}/consume`    | approvals:request | the decision, handed out once, with a  |
-|                                   |                   | one-use approval token (409 after)     |
+|                                   | (the asker's)     | one-use approval token (409 after; 403 |
+|                                   |                   | to any token but the one that asked)   |
 
 `POST /approvals` takes the tool, its arguments, optionally the arguments' JSON schema (kept
 with the review, so that reviewers get a typed edit form and edits are checked against it
@@ -18,15 +19,22 @@ and a description shown to reviewers. It is idempotent on (run id, call id): the
 again gets the same approval; the same call id with another tool or other arguments is
 refused (409), since a decision answers one call only. The rules decide it exactly as they
 decide a call of the bot's own agents: a rule's `decision` at once (recorded, decided by
-`nodbot:rules.<n>`), its reviewers otherwise.
+`nodbot:rules.<n>`), its reviewers otherwise. They judge the arguments as the tool will take
+them: validated by the model of the bot's own tool of that name (coerced, defaults filled
+in), else checked against `schema` (strictly, defaults filled in; arguments that break it
+are approved by no rule), else as given. The token that asks (`requested_with`) counts as a
+requester of the call, as `requested_by` does: its holder may not approve it unless the rule
+allows self-approval.
 
 `POST /approvals/{id}/consume` spends the decision: the answer says whether the call may
 run, with which arguments (edited ones merged into the original), the reviewer's reason, and
 `token`, a one-use approval token (`core.approval_tokens`) bound to the run, the call id, the
 tool and the arguments' digest, signed with a key derived from the bearer token that
-consumed it (so the client can check it, and nobody else can make one). A second consume is
-a 409: an external tool, too, runs at most once per decision. A replayed call after that
-(the same run and call id) opens a new review.
+consumed it (so the client can check it, and nobody else can make one). Only the token that
+asked for the call consumes it (or another token of the same person under `people:`, such
+as the same agent's next key): any other gets a 403 and the decision stays for its asker. A
+second consume is a 409: an external tool, too, runs at most once per decision. A replayed
+call after that (the same run and call id) opens a new review.
 """
 
 from __future__ import annotations
@@ -46,7 +54,8 @@ from nodbot.bot.config import ApiToken
 from nodbot.bot.http.auth import ApiError, TokenTable
 from nodbot.bot.http.common import json_body, json_response, parse
 from nodbot.bot.http.schemas import ApprovalView, _Model
-from nodbot.bot.policy import RulesPort
+from nodbot.bot.people import People
+from nodbot.bot.policy import Judged, RulesPort
 from nodbot.bot.service import BotService
 from nodbot.core import (
     ApprovalAlreadyConsumed,
@@ -131,7 +140,9 @@ class ConsumedView(_Model):
 def request_routes(service: BotService, tokens: TokenTable) -> list[Route]:
     """The routes of the approval request API (the `GET` is the approvals API's own)."""
     store = service.store
-    port = RulesPort(service.config, store, registry=service.registry)
+    port = RulesPort(service.config, store, registry=service.registry, authorize=service.authorize)
+    # Who asked and who consumes are API tokens: told apart by `people:` alone.
+    people = People(service.config.people)
 
     async def create(request: Request) -> Response:
         token = tokens.require_token(request, "approvals:request")
@@ -143,7 +154,8 @@ def request_routes(service: BotService, tokens: TokenTable) -> list[Route]:
                 "a token that may decide asks only as itself: requested_by must be its name",
                 details={"requested_by": requester},
             )
-        arguments = _validated(service, body.tool, body.arguments)
+        arguments = body.arguments
+        judged = _validated(service, body.tool, arguments)
         asked = ApprovalRequest(
             run_id=body.run_id,
             call_id=body.call_id,
@@ -159,7 +171,7 @@ def request_routes(service: BotService, tokens: TokenTable) -> list[Route]:
             return json_response(ApprovalView.of(existing))
         if body.description:
             asked = replace(asked, policy={**asked.policy, "call_description": body.description})
-        record, decided = await port.open_review(asked)
+        record, decided = await port.open_review(asked, judged=judged)
         _same_call(record, asked)  # another request for the call won a race: the same call?
         if decided:
             service.decided()
@@ -169,6 +181,8 @@ def request_routes(service: BotService, tokens: TokenTable) -> list[Route]:
         token = tokens.require_token(request, "approvals:request")
         approval_id = request.path_params["approval_id"]
         try:
+            asked = await store.get(approval_id)
+            await _check_asker(people, asked, token)
             record = await store.consume(approval_id, actor=token.name)
         except ApprovalNotFound:
             raise ApiError(
@@ -211,15 +225,32 @@ async def wait_for_decision(
             await asyncio.wait_for(decided.wait(), min(left, service.poll))
 
 
-def _validated(service: BotService, tool: str, arguments: dict[str, Any]) -> dict[str, Any]:
-    """The arguments as given (they are what the caller will run, and what its digest is
-    of), checked by the model of the bot's own tool of that name when there is one."""
-    if tool in service.registry:
-        try:
-            service.registry.get(tool).validate(arguments, source="arguments")
-        except InvalidArgumentsError as exc:
-            raise ApiError(422, exc.message, details=exc.details()) from None
-    return arguments
+def _validated(service: BotService, tool: str, arguments: dict[str, Any]) -> Judged | None:
+    """The arguments checked by the model of the bot's own tool of that name, when there is
+    one: as the rules judge them (a 422 `ApiError` when they fail it). None for another
+    tool: the rules judge them by the request's schema, or as given. The request keeps the
+    arguments as given: they are what the caller will run, and what its digest is of."""
+    if tool not in service.registry:
+        return None
+    try:
+        validated = service.registry.get(tool).validate(arguments, source="arguments")
+    except InvalidArgumentsError as exc:
+        raise ApiError(422, exc.message, details=exc.details()) from None
+    return Judged(validated.canonical)
+
+
+async def _check_asker(people: People, record: ApprovalRecord, token: ApiToken) -> None:
+    """Refuse (403) a token that did not ask for the call, nor stands for the same person
+    as the one that did: a decision is the asking agent's to take. A call asked for by no
+    token (a run of the bot's own, a hosted agent's) is taken by its worker, not here."""
+    asker = record.request.policy.get("requested_with")
+    details = {"approval_id": record.approval_id}
+    if not isinstance(asker, str) or not asker:
+        raise ApiError(403, "this call was not asked for over the API", details=details)
+    if (await people.person(asker)).key != (await people.person(token.name)).key:
+        raise ApiError(
+            403, "only the token that asked for this call may take its decision", details=details
+        )
 
 
 def _extra_policy(body: RequestBody, token: ApiToken) -> dict[str, Any]:

@@ -68,16 +68,15 @@ async def client(
 
 
 def call(tool: str = "refund", call_id: str = "call_1", **arguments: Any) -> dict[str, Any]:
+    properties = {"order_id": {"type": "string"}, "amount": {"type": "number"}}
+    if arguments:  # another tool: a schema of what it is given
+        properties = {name: {} for name in arguments}
     return {
         "tool": tool,
         "arguments": arguments or {"order_id": "o-1", "amount": 120},
         "run_id": "thread-7",
         "call_id": call_id,
-        "schema": {
-            "type": "object",
-            "properties": {"order_id": {"type": "string"}, "amount": {"type": "number"}},
-            "required": ["order_id", "amount"],
-        },
+        "schema": {"type": "object", "properties": properties, "required": list(properties)},
         "description": "the customer asked for a refund",
     }
 

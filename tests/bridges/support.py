@@ -183,10 +183,13 @@ class Hosted:
 
 @contextlib.asynccontextmanager
 async def hosted_bot(
-    tmp_path: Path, agents: Mapping[str, str], tools: Sequence[str]
+    tmp_path: Path,
+    agents: Mapping[str, str],
+    tools: Sequence[str],
+    rules: Sequence[str] | None = None,
 ) -> AsyncIterator[Hosted]:
     """The bot hosting `agents` (name -> import path, as `framework_agents:` takes them),
-    every call of `tools` reviewed by the reviewer."""
+    every call of `tools` reviewed by the reviewer (or by the YAML `rules` given)."""
     path = tmp_path / "nodbot.yml"
     path.write_text(
         HOSTED_CONFIG.format(
@@ -194,7 +197,7 @@ async def hosted_bot(
             reviewer=REVIEWER,
             agents="\n".join(f"  {name}: {target}" for name, target in agents.items()),
             tools=", ".join(tools),
-            rules="\n".join(review_rule(tool) for tool in tools),
+            rules="\n".join(rules or [review_rule(tool) for tool in tools]),
         )
     )
     names = ("NODBOT_HOSTED_STARTER", "NODBOT_BRIDGE_REVIEWER")
