@@ -67,8 +67,9 @@ class AgentReport:
     problems: list[str]
     """Why the file cannot be used as it is, each `<file>:<line>: <key>: <message>`."""
     warnings: list[str]
-    """What works, but may not go as meant: a tool that asks for review (`confirm`) and that
-    no rule covers for every call, so those calls go to `defaults:` or are denied."""
+    """What works, but may not go as meant: an approve rule whose `when` names an argument
+    its tool may be called without; a tool that asks for review (`confirm`) and that no
+    rule covers for every call, so those calls go to `defaults:` or are denied."""
 
 
 def check_agents(config: Config) -> list[str]:
@@ -90,7 +91,11 @@ def report_agents(config: Config) -> AgentReport:
     if problems:
         return AgentReport(problems, [])
     problems = _rule_problems(config, agents)
-    warnings = [] if problems else list(_coverage_warnings(config, agents))
+    warnings = (
+        []
+        if problems
+        else [*_omitted_warnings(config, agents), *_coverage_warnings(config, agents)]
+    )
     return AgentReport(problems, warnings)
 
 
@@ -135,6 +140,33 @@ def _argument_problems(
             yield f"{at}: {argument!r} is not an argument: {what}"
         if not unknown:
             yield from (f"{at}: {message}" for message in _bound_kind_problems(bound, kinds))
+
+
+def _omitted_warnings(config: Config, agents: Mapping[str, Agent]) -> Iterator[str]:
+    """One warning per approve rule whose `when` names an argument its tool (of an agent of
+    the bot: the arguments of other tools are not known here) may be called without: such a
+    call is judged with the argument's default, and one that default leaves unjudgeable
+    (None, say) is not approved by the rule but goes on to the next one."""
+    for number, rule in enumerate(config.rules):
+        if rule.decision != "approve" or rule.when is None or rule.tool == "*":
+            continue
+        optional: dict[str, Any] = {}
+        for agent in agents.values():
+            if rule.tool in agent.tools:
+                model = agent.tools.get(rule.tool).model
+                for name, info in model.model_fields.items():
+                    if not info.is_required():
+                        optional[info.alias or name] = info.get_default(call_default_factory=False)
+        for argument in sorted(rule.when.argument_names() & set(optional)):
+            at = config.location(("rules", number, "when"))
+            yield (
+                f"{at}: warning: {rule.tool} may be called without {argument} (it then "
+                f"takes its default, {optional[argument]!r}): this approve rule judges such "
+                "a call by the default, and one it cannot judge by it (a missing or null "
+                "value, another type) is not approved by it but goes on to the next rule, "
+                "defaults: or a review; say in when what the default means, or make the "
+                "argument required"
+            )
 
 
 def _coverage_warnings(config: Config, agents: Mapping[str, Agent]) -> Iterator[str]:

@@ -15,7 +15,8 @@ from typing import Any
 import httpx
 import pytest
 
-from nodbot.bot.serve import serving
+from nodbot.bot.policy import SELF_APPROVAL_REASON
+from nodbot.bot.serve import Served, serving
 from tests.bot import ledger_agent
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -74,6 +75,7 @@ def write(tmp_path: Path, ops: str = "lead@example.com, sam@example.com") -> Pat
 @dataclass
 class Bot:
     http: httpx.AsyncClient
+    served: Served
     calls: int = 0
 
     async def run(self, who: str, text: str) -> dict[str, Any]:
@@ -122,7 +124,7 @@ async def running(path: Path) -> AsyncIterator[Bot]:
         serving(str(path)) as served,
         httpx.AsyncClient(base_url=served.url, timeout=30) as http,
     ):
-        yield Bot(http)
+        yield Bot(http, served)
 
 
 @pytest.fixture
@@ -157,6 +159,8 @@ async def test_a_remembered_approval_is_not_used_for_a_call_its_reviewer_asks(bo
     assert (await bot.ask("agent"))["status"] == "approved"  # remembered
     own = await bot.ask("lead-agent")
     assert own["status"] == "pending"
+    record = await bot.served.service.store.get(own["approval_id"])
+    assert record.request.policy["remembered_unused"]["reason"] == SELF_APPROVAL_REASON
 
 
 async def test_a_remembered_approval_is_not_used_once_its_reviewer_left_the_group(

@@ -32,6 +32,7 @@ from nodbot.core import (
     ToolRegistry,
     arguments_digest,
 )
+from tests.bot.test_defaults_policy import check_config
 
 tools = ToolRegistry()
 
@@ -333,3 +334,89 @@ def test_no_approve_rule_approves_what_the_tools_model_rejects_or_coerces_outsid
     assert oracle(rule, values), f"rule {rule} approved {arguments!r}, run as {values!r}"
     amount = values["amount"]
     assert amount is None or math.isfinite(amount)
+
+
+# --- nodbot check-config ----------------------------------------------------------------------
+
+OPTIONAL_MODULE = '''
+from nodbot.core import Agent, ScriptedChat, ToolRegistry
+
+tools = ToolRegistry()
+
+
+@tools.tool(effects="destructive")
+def refund(order_id: str, amount: float | None = None) -> str:
+    """Refund an amount of an order; without one, the whole order."""
+    return "refunded"
+
+
+agent = Agent(ScriptedChat(["done"]), tools)
+'''
+
+
+def test_check_config_warns_of_an_approve_rule_on_an_argument_the_tool_may_omit(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    module = "optional_" + re.sub(r"\W", "_", tmp_path.name)
+    (tmp_path / f"{module}.py").write_text(OPTIONAL_MODULE)
+    path = tmp_path / "nodbot.yml"
+    path.write_text(
+        f"agents:\n  shop: {module}:agent\n"
+        "rules:\n"
+        "  - tool: refund\n"
+        "    when: {all: [{le: {amount: 100}}, {matches: {order_id: '^o-'}}]}\n"
+        "    decision: approve\n"
+        "  - tool: refund\n"
+        "    when: {gt: {amount: 100}}\n"
+        "    reviewers: [lead@example.com]\n"
+    )
+    completed = check_config(path)
+    assert completed.returncode == 0, completed.stderr
+    assert completed.stderr.splitlines() == [
+        f"{path}:5: rules.0.when: warning: refund may be called without amount (it then takes "
+        "its default, None): this approve rule judges such a call by the default, and one it "
+        "cannot judge by it (a missing or null value, another type) is not approved by it but "
+        "goes on to the next rule, defaults: or a review; say in when what the default means, "
+        "or make the argument required"
+    ]
+    assert completed.stdout.strip().endswith("1 warning)")
+
+
+# --- the README's example -----------------------------------------------------------------------
+
+
+def readme_example() -> str:
+    """The YAML block of the README's "Rules judge validated arguments, and fail closed"."""
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    section = readme.split("### Rules judge validated arguments, and fail closed\n", 1)[1]
+    return section.split("```yaml\n", 1)[1].split("```", 1)[0]
+
+
+@pytest.mark.parametrize(
+    ("arguments", "with_schema", "approved"),
+    [
+        ({"amount": 40}, True, True),
+        ({"amount": 40}, False, True),
+        ({"amount": 400}, True, False),
+        ({"amount": "40"}, True, False),
+        ({"amount": "40"}, False, False),
+        ({"amount": None}, True, False),
+        ({}, True, False),
+        ({}, False, False),
+    ],
+)
+async def test_the_readmes_example_does_what_the_readme_says(
+    tmp_path: Path, arguments: dict[str, Any], with_schema: bool, approved: bool
+) -> None:
+    path = tmp_path / "nodbot.yml"
+    path.write_text(readme_example())
+    schema = {"type": "object", "properties": {"amount": {"type": "number"}}}
+    policy = {"schema": schema} if with_schema else {}
+    port = RulesPort(load_config(path), MemoryApprovalStore())
+    outcome = await port.rule(request("refund", arguments, **policy))
+    if approved:
+        assert outcome.decision is not None and outcome.decision.approved
+        assert outcome.decision.decided_by == "nodbot:rules.0"
+    else:
+        assert outcome.decision is None
+        assert outcome.request.policy["reviewers"] == ["lead@example.com"]
