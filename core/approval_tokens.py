@@ -13,6 +13,17 @@ and a token made up or changed by someone without the bearer token does not veri
 It is one-use because the decision behind it is: the bot hands it out once (a second consume
 is refused), and `check` refuses it for any call but the one it names (another run, call id,
 tool or argument digest, such as a thread that moved on to other arguments).
+
+The client acts only on the signed claims. The rest of the consume answer (`approved`,
+`arguments`, `edited`, `reason`, `decided_by`) is a copy for readers: `core.client` takes the
+decision from the verified claims, binds the arguments it runs with to their digests
+(`edited_digest` when a reviewer edited them, else `digest`) and refuses an answer whose copy
+says anything else (`core.client.UntrustedDecision`), so a proxy or a bug that rewrites the
+answer on its way makes nothing run. The key is shared through the bearer token, so the
+signature holds against whoever has not seen that token; whoever has (a hop that reads the
+requests' `Authorization` header, such as plain http or a proxy ending TLS) can sign claims
+of their own, as they can act as the agent: let TLS end at the bot, or at a proxy trusted as
+the bot is.
 """
 
 from __future__ import annotations

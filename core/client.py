@@ -13,16 +13,22 @@ async with ApprovalClient("http://127.0.0.1:8080", token=os.environ["NODBOT_TOKE
 
 `consume` checks the one-use token it is handed (`core.approval_tokens`) against the call it
 asked about, so a decision for another call, or one changed on the way, is refused here too.
+The client acts only on the token's signed claims: `Consumed` (whether approved, edited, the
+reason, who decided) is what they say, and its arguments are the ones their digests bind. An
+answer whose other fields say anything else (a proxy that made a denial an approval, or
+changed an edit or a reason) raises `UntrustedDecision`, naming the field: nothing runs.
 `SyncApprovalClient` is the same over `httpx.Client`. Errors are `ApprovalClientError` with
 the HTTP status and the bot's message (a wrong token is a 401, an unreachable bot status 0);
-a decision handed out already is `DecisionAlreadyTaken`.
+a decision handed out already is `DecisionAlreadyTaken`, an answer not as signed
+`UntrustedDecision` (also an `InvalidApprovalToken`).
 
 ## Guarding a function
 
 `guard` does the three steps for you: each call of the guarded function asks the bot, waits
 for the decision, takes it once and runs the function with the arguments the reviewer saw or
-edited; a denial raises `CallDenied` with the reviewer's reason, and a wait past `within`
-raises `DecisionTimeout` (nothing ran in either case).
+edited; a denial raises `CallDenied` with the reviewer's reason, a wait past `within`
+raises `DecisionTimeout`, and a decision whose token is not for the call as the guard asked
+it (or an answer not as signed) raises `UntrustedDecision` (nothing ran in any case).
 
 ```python
 @nodbot.guard(run_id="thread-42", within=600)   # ApprovalClient: an async function
@@ -70,7 +76,7 @@ import inspect
 import math
 import threading
 import time
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, ParamSpec, TypeAlias, TypeVar, get_type_hints
@@ -78,7 +84,7 @@ from typing import Any, ParamSpec, TypeAlias, TypeVar, get_type_hints
 import httpx
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 
-from nodbot.core.approval_tokens import ApprovalToken, token_key
+from nodbot.core.approval_tokens import ApprovalToken, InvalidApprovalToken, token_key
 from nodbot.core.errors import ApprovalDenied, InvalidArgumentsError, NodbotError
 from nodbot.core.tools import arguments_digest
 
@@ -92,6 +98,7 @@ __all__ = [
     "DecisionAlreadyTaken",
     "DecisionTimeout",
     "SyncApprovalClient",
+    "UntrustedDecision",
 ]
 
 MAX_WAIT = 60.0
@@ -117,6 +124,17 @@ class DecisionAlreadyTaken(ApprovalClientError):
 
 class DecisionTimeout(ApprovalClientError):
     """Nobody decided within the time the caller would wait."""
+
+
+class UntrustedDecision(ApprovalClientError, InvalidApprovalToken):
+    """A consume answer the client does not act on: its one-use token does not verify or
+    names another call, or the answer says otherwise than the token's signed claims (the
+    message names what disagreed). Nothing ran, and the decision is spent. `status` is the
+    consume answer's HTTP status (0 when `Consumed.answers` refused the decision)."""
+
+    def __init__(self, message: str, *, status: int, approval_id: str) -> None:
+        super().__init__(message, status=status, details={"approval_id": approval_id})
+        self.approval_id = approval_id
 
 
 class CallDenied(ApprovalDenied):
@@ -168,19 +186,40 @@ class Approval:
 
 @dataclass(frozen=True)
 class Consumed:
-    """A decision, handed out once, with its checked one-use token."""
+    """A decision, handed out once, as its verified one-use token carries it: every field
+    but `token` comes from the signed claims (the arguments are bound by their digests)."""
 
     approval_id: str
     approved: bool
+    """Whether the call may run, as the token says."""
     arguments: dict[str, Any]
-    """The arguments to run the call with (a reviewer's edits merged in)."""
+    """The arguments to run the call with (a reviewer's edits merged in); their digest is
+    the token's (`edited_digest` when edited, else `digest`)."""
     edited: bool
+    """Whether a reviewer changed the arguments: the token has an `edited_digest`."""
     reason: str | None
     decided_by: str | None
     token: str
     """The one-use approval token's text."""
     claims: ApprovalToken
     """What the token says, verified."""
+
+    def answers(
+        self, *, run_id: str, call_id: str | None, tool: str, arguments: Mapping[str, Any]
+    ) -> None:
+        """Raises `UntrustedDecision` unless this decision answers the call of `tool` with
+        `arguments` that run `run_id` made as `call_id`: the call as its caller made it, not
+        as an answer of the bot repeated it."""
+        try:
+            self.claims.check(
+                run_id=run_id,
+                call_id=call_id,
+                tool=tool,
+                arguments=arguments,
+                final=self.arguments,
+            )
+        except InvalidApprovalToken as exc:
+            raise UntrustedDecision(exc.message, status=0, approval_id=self.approval_id) from None
 
 
 def _request_body(
@@ -228,25 +267,68 @@ def _answer(response: httpx.Response, *, taking: bool = False) -> dict[str, Any]
     return body
 
 
-def _consumed(body: dict[str, Any], key: bytes, asked: Approval) -> Consumed:
-    claims = ApprovalToken.verify(str(body["token"]), key)
-    claims.check(
-        run_id=asked.run_id,
-        call_id=asked.call_id,
-        tool=asked.tool,
-        arguments=asked.arguments,
-        final=body["arguments"],
-    )
+def _consumed(response: httpx.Response, key: bytes, asked: Approval) -> Consumed:
+    """The decision of the consume answer `response`, as its token carries it. Raises what
+    `_answer` raises, and `UntrustedDecision` when the token does not verify under `key`,
+    names another call than `asked`, or the answer says anything its claims do not."""
+    body = _answer(response, taking=True)
+    try:
+        claims = ApprovalToken.verify(str(body.get("token", "")), key)
+        final = body.get("arguments")
+        if not isinstance(final, dict):
+            raise InvalidApprovalToken("the consume answer holds no arguments to run with")
+        if claims.approval_id != asked.approval_id:
+            raise InvalidApprovalToken(
+                f"the approval token is for approval {claims.approval_id!r}, not "
+                f"{asked.approval_id!r}"
+            )
+        _same_as_signed(body, claims)
+        # The final arguments are bound by the claims' digests: the edited one when the
+        # decision edited them, else the original one.
+        claims.check(
+            run_id=asked.run_id,
+            call_id=asked.call_id,
+            tool=asked.tool,
+            arguments=asked.arguments,
+            final=final,
+        )
+    except InvalidApprovalToken as exc:
+        raise UntrustedDecision(
+            exc.message, status=response.status_code, approval_id=asked.approval_id
+        ) from None
     return Consumed(
-        approval_id=body["approval_id"],
-        approved=bool(body["approved"]),
-        arguments=body["arguments"],
-        edited=bool(body["edited"]),
-        reason=body.get("reason"),
-        decided_by=body.get("decided_by"),
+        approval_id=claims.approval_id,
+        approved=claims.approved,
+        arguments=final,
+        edited=claims.edited_digest is not None,
+        reason=claims.reason,
+        decided_by=claims.decided_by,
         token=str(body["token"]),
         claims=claims,
     )
+
+
+def _same_as_signed(body: dict[str, Any], claims: ApprovalToken) -> None:
+    """Raises `InvalidApprovalToken` naming the first field of `body` that says otherwise than
+    the verified `claims`: the answer's fields are only ever a copy of what the token says."""
+    signed: dict[str, Any] = {
+        "approval_id": claims.approval_id,
+        "run_id": claims.run_id,
+        "call_id": claims.call_id,
+        "tool": claims.tool,
+        "approved": claims.approved,
+        "edited": claims.edited_digest is not None,
+        "reason": claims.reason,
+        "decided_by": claims.decided_by,
+    }
+    for name, value in signed.items():
+        said = body.get(name, value)  # a field left out says nothing; the claims decide
+        # `is` for booleans: JSON's 1 is not true, and a copy of a bool is a bool.
+        if (said is not value) if isinstance(value, bool) else (said != value):
+            raise InvalidApprovalToken(
+                f"the consume answer says {name} is {said!r}, but its signed approval token "
+                f"says {value!r}: the answer was changed on its way, so nothing runs"
+            )
 
 
 P = ParamSpec("P")
@@ -378,9 +460,17 @@ class _Guard:
             for name, field in type(instance).model_fields.items()
         }
 
-    def outcome(self, answer: Consumed) -> dict[str, Any]:
-        """The arguments to run the call with. Raises `CallDenied`, or
+    def outcome(self, call: _Call, answer: Consumed) -> dict[str, Any]:
+        """The arguments to run `call` with, as `answer` decided. Raises `UntrustedDecision`
+        when the answer's token is not for `call` as asked, `CallDenied`, or
         `InvalidArgumentsError` when the final arguments do not fit the signature."""
+        asked = call.request
+        answer.answers(
+            run_id=asked["run_id"],
+            call_id=asked["call_id"],
+            tool=asked["tool"],
+            arguments=asked["arguments"],
+        )
         if not answer.approved:
             raise CallDenied(
                 tool=self.tool,
@@ -508,10 +598,12 @@ class ApprovalClient:
                 )
 
     async def consume(self, approval: Approval) -> Consumed:
-        """Take the decision of `approval` (as `request` or `wait` gave it), once, and check
-        its token against that call."""
+        """Take the decision of `approval` (as `request` or `wait` gave it), once, as its
+        token's signed claims carry it, checked against that call (`Consumed.answers` checks
+        it against the call as you made it). Raises `DecisionAlreadyTaken`,
+        `UntrustedDecision` or `ApprovalClientError`."""
         path = f"/approvals/{approval.approval_id}/consume"
-        return _consumed(_answer(await self._send("POST", path), taking=True), self._key, approval)
+        return _consumed(await self._send("POST", path), self._key, approval)
 
     def guard(
         self,
@@ -555,10 +647,12 @@ class ApprovalClient:
                     if not asked.decided:
                         asked = await self.wait(asked.approval_id, within=rules.within)
                     answer = await self.consume(asked)
+                except UntrustedDecision:
+                    raise  # the decision was taken, though not acted on: its number stays held
                 except BaseException:
                     call.free()  # the decision was not taken: a retry asks about this review
                     raise
-                return await run(**rules.outcome(answer))
+                return await run(**rules.outcome(call, answer))
 
             return guarded
 
@@ -625,8 +719,9 @@ class SyncApprovalClient:
                 )
 
     def consume(self, approval: Approval) -> Consumed:
+        """`ApprovalClient.consume`, blocking."""
         path = f"/approvals/{approval.approval_id}/consume"
-        return _consumed(_answer(self._send("POST", path), taking=True), self._key, approval)
+        return _consumed(self._send("POST", path), self._key, approval)
 
     def guard(
         self,
@@ -667,10 +762,12 @@ class SyncApprovalClient:
                     if not asked.decided:
                         asked = self.wait(asked.approval_id, within=rules.within)
                     answer = self.consume(asked)
+                except UntrustedDecision:
+                    raise  # the decision was taken, though not acted on: its number stays held
                 except BaseException:
                     call.free()  # the decision was not taken: a retry asks about this review
                     raise
-                return run(**rules.outcome(answer))
+                return run(**rules.outcome(call, answer))
 
             return guarded
 

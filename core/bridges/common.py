@@ -1,6 +1,8 @@
 """What every bridge does between a framework's pause and its resume: each pending call is put
 to the bot (one review per call, keyed by the framework's native call id), the decisions are
-awaited, and each is taken once, as a checked one-use token (`core.approval_tokens`).
+awaited, and each is taken once, as a checked one-use token (`core.approval_tokens`): a
+`Resolution` is what the token's signed claims say, for the call as the framework paused it
+(`core.client.UntrustedDecision` is raised otherwise, and nothing is resumed).
 
 A bridge turns the framework's pending calls into `PendingCall`s, calls `resolve_calls`, and
 builds the framework's resume from the `Resolution`s, in the same order: an approval only
@@ -92,7 +94,8 @@ async def resolve_calls(
     """Review each of `calls` of run `run_id` through `reviews`, wait (at most `within`
     seconds in all) until all are decided, and take each decision once; in the order given.
     Raises `core.client.DecisionTimeout` when some are not decided in time (none is taken
-    then: asking again later finds the same reviews)."""
+    then: asking again later finds the same reviews), and `core.client.UntrustedDecision`
+    when a decision's token is not for its call or the answer disagrees with the token."""
     asked = await asyncio.gather(*(_ask(reviews, run_id, call, requested_by) for call in calls))
     async with asyncio.timeout(within + 5):
         decided = await asyncio.gather(
@@ -105,6 +108,8 @@ async def resolve_calls(
             resolutions.append(_denied(call, NO_CALL_ID))
             continue
         taken = await reviews.consume(by_id[approval.approval_id])
+        # Bound to the call as the framework paused it, not as the bot's answer repeated it.
+        taken.answers(run_id=run_id, call_id=call.call_id, tool=call.tool, arguments=call.arguments)
         resolutions.append(
             Resolution(
                 call=call,
