@@ -59,6 +59,10 @@ class Source:
     defaulted: dict[KeyPath, list[str]] = field(default_factory=dict)
     """Paths whose value is written with a `${VAR:-default}`, used or not, with the names
     of those variables: the default is written in the file."""
+    written: dict[KeyPath, str] = field(default_factory=dict)
+    """The text of each value that holds a `${...}`, as the file writes it (never shown: a
+    default may be a secret), so that which part of it comes from the environment can be
+    told (the store URL's password)."""
 
     def line(self, path: KeyPath) -> int:
         """The line of `path`, or of its closest enclosing key when it is not in the file."""

@@ -166,6 +166,8 @@ class _Reader:
             self.source.substituted.add(path)
             return value
 
+        if "${" in text:
+            self.source.written[path] = text
         return _REFERENCE.sub(replace, text)
 
 

@@ -1,20 +1,22 @@
 """What makes a valid configuration unsafe to trust: secrets written in the file (or as the
-default of a `${VAR:-default}`), weak secrets, one secret used in two places, and a bot
-listening beyond loopback over plain http. `trust_warnings` finds them; `nodbot
-check-config` prints them and `nodbot serve` logs them at start. No warning shows a
-secret's value."""
+default of a `${VAR:-default}`), the store URL's password among them, weak secrets, one
+secret used in two places, and a bot listening beyond loopback over plain http.
+`trust_warnings` finds them; `nodbot check-config` prints them and `nodbot serve` logs them
+at start. No warning shows a secret's value."""
 
 from __future__ import annotations
 
 import ipaddress
 import re
-from collections.abc import Iterator, Mapping
-from typing import Any
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeAlias
 
 from pydantic import BaseModel, SecretStr
 
 from nodbot.bot.config.errors import KeyPath, Source, dotted
 from nodbot.bot.config.models import Config
+from nodbot.bot.config.reader import _REFERENCE, _VARIABLE
 
 __all__ = [
     "MIN_SECRET_LENGTH",
@@ -69,6 +71,10 @@ def trust_warnings(config: Config, *, host: str | None = None) -> list[str]:
                 f"the same secret as {where}: give each its own, so that one that leaks "
                 "does not give the other away",
             )
+    if source is not None:
+        store = _store_password(config.store.url, source)
+        if store is not None:
+            add(_STORE_URL, store)
     plain = _plain_http(config, host, source)
     if plain is not None:
         add(("server", "host"), plain)
@@ -192,6 +198,118 @@ def _weakness(value: str) -> str | None:
     elif distinct < _MIN_VARIETY:
         reasons.append(f"fewer than {_MIN_VARIETY} different characters")
     return ", ".join(reasons) or None
+
+
+# --- the store URL's password ---------------------------------------------------------------
+
+_STORE_URL: KeyPath = ("store", "url")
+_STORE_FIX = "postgresql://user:${DB_PASSWORD}@host/db"
+# SQLAlchemy's reading of a URL (`sqlalchemy.engine.url._parse_url`), which the store's is: the
+# password runs from the first ":" of the user part to the next "@"; libpq also takes one as
+# the query's `password`.
+_URL = re.compile(
+    r"[^:/?#]+://(?:[^:/]*(?::(?P<password>[^@]*))?@)?[^?]*(?:\?(?P<query>.*))?", re.DOTALL
+)
+
+
+@dataclass(frozen=True)
+class _Reference:
+    """A `${name}` or `${name:-default}` as written in the file."""
+
+    name: str
+    default: str | None
+
+
+_Written: TypeAlias = "Sequence[str | _Reference]"
+"""A value as written: its literal text and its references, in order."""
+
+
+def _store_password(url: str, source: Source) -> str | None:
+    """Why the password of the store URL `url` is in the file, or None: it has none, or it
+    comes from `${VAR}`s only. Says nothing of the password but where it comes from."""
+    written = _written_url(url, source)
+    if written is None:
+        # Not read from a file by the reader: only the value's origin is known.
+        defaulted = source.defaulted.get(_STORE_URL)
+        return _store_default(defaulted[0]) if defaulted else None
+    literal, defaulted = _password_origin(written)
+    if literal:
+        return (
+            "a password written in the file: whoever reads the file (or its history) has it; "
+            f"write {_STORE_FIX} and set DB_PASSWORD in the environment"
+        )
+    return _store_default(defaulted[0]) if defaulted else None
+
+
+def _store_default(name: str) -> str:
+    return (
+        f"the store URL's password has a default, ${{{name}:-...}}: a default is written in "
+        f"the file, so it is a password written in the file; write ${{{name}}} without a "
+        f"default and set {name} in the environment"
+    )
+
+
+def _written_url(url: str, source: Source) -> _Written | None:
+    """The store URL `url` as the file writes it, or None when that is not known."""
+    text = source.written.get(_STORE_URL)
+    if text is None:
+        return None if _STORE_URL in source.substituted else [url]
+    written = _references(text)
+    pattern = "".join(re.escape(part) if isinstance(part, str) else "(.*)" for part in written)
+    if re.fullmatch(pattern, url, re.DOTALL) is None:
+        return None
+    return written
+
+
+def _references(text: str) -> list[str | _Reference]:
+    """`text` split as the reader substitutes it: literal text and `${...}` references (a
+    `$${` writes `${` itself)."""
+    parts: list[str | _Reference] = []
+    at = 0
+    for found in _REFERENCE.finditer(text):
+        parts.append(text[at : found.start()])
+        at = found.end()
+        reference = _VARIABLE.fullmatch(found.group(2) or "")
+        if found.group(1) or reference is None:
+            parts.append(found.group(0)[1:] if found.group(1) else found.group(0))
+        else:
+            parts.append(_Reference(reference.group(1), reference.group(2)))
+    parts.append(text[at:])
+    return [part for part in parts if part != ""]
+
+
+def _password_origin(written: _Written) -> tuple[bool, list[str]]:
+    """Whether the URL's password (its user part's, or its query's `password`) has text
+    written in the file, and the names of the `${VAR:-default}`s it is made of."""
+    literal_text = "".join(part for part in written if isinstance(part, str))
+    # Each reference stands as one character the text does not hold, so that the URL can be
+    # read with its references in place, and each part of the password told by its origin.
+    free = (chr(code) for code in range(0xE000, 0xF900) if chr(code) not in literal_text)
+    marks: dict[str, _Reference] = {}
+    marked = ""
+    for part in written:
+        if isinstance(part, str):
+            marked += part
+        else:
+            mark = next(free)
+            marks[mark] = part
+            marked += mark
+    found = _URL.match(marked)
+    if found is None:
+        return False, []
+    passwords = [found.group("password") or ""]
+    for pair in (found.group("query") or "").split("&"):
+        name, _, value = pair.partition("=")
+        if name == "password":
+            passwords.append(value)
+    characters = "".join(passwords)
+    literal = any(character not in marks for character in characters)
+    defaulted = [
+        marks[character].name
+        for character in characters
+        if character in marks and marks[character].default is not None
+    ]
+    return literal, defaulted
 
 
 # --- where the bot listens ------------------------------------------------------------------

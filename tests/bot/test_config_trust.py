@@ -5,14 +5,18 @@ No warning shows a secret."""
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import re
 import subprocess
 import textwrap
 from pathlib import Path
+from urllib.parse import quote
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from nodbot.bot.config import (
     Config,
@@ -396,3 +400,135 @@ def test_serve_warns_when_no_email_reply_can_decide() -> None:
     believed = {**email, "require_authenticated_sender": False}
     assert unread_replies_warning(Config.model_validate({"web": web, "email": believed})) is None
     assert unread_replies_warning(Config.model_validate({})) is None
+
+
+# --- a password in the store URL ------------------------------------------------------------
+
+STORE_LITERAL = (
+    "a password written in the file: whoever reads the file (or its history) has it; write "
+    "postgresql://user:${DB_PASSWORD}@host/db and set DB_PASSWORD in the environment"
+)
+
+
+def store_default(name: str) -> str:
+    return (
+        f"the store URL's password has a default, ${{{name}:-...}}: a default is written in "
+        f"the file, so it is a password written in the file; write ${{{name}}} without a "
+        f"default and set {name} in the environment"
+    )
+
+
+def store_warnings(tmp_path: Path, url: str, environ: dict[str, str] | None = None) -> list[str]:
+    """The warnings of a file whose `store.url` (line 2) is `url`, written as a JSON string."""
+    path = write(tmp_path, f"store:\n  url: {json.dumps(url)}\n")
+    return warnings_of(path, environ or {})
+
+
+@pytest.mark.parametrize(
+    ("url", "environ"),
+    [
+        ("postgresql://nodbot:hunter2@db/nodbot", {}),
+        ("postgresql+asyncpg://nodbot:hunter2@db:5432/nodbot?ssl=require", {}),
+        ("postgresql://nodbot:hunter2@${DB_HOST}/nodbot", {"DB_HOST": "db"}),
+        ("postgresql://${DB_USER}:hunter2@db/nodbot", {"DB_USER": "nodbot"}),
+        ("postgresql://nodbot:hunter2${DB_SUFFIX}@db/nodbot", {"DB_SUFFIX": "-x"}),
+        ("postgresql://nodbot@db/nodbot?sslmode=require&password=hunter2", {}),
+        ("postgresql://nodbot:hunter2@db/nodbot?password=${DB_PASSWORD}", {"DB_PASSWORD": "x"}),
+    ],
+)
+def test_a_password_written_in_the_store_url_is_warned_of(
+    tmp_path: Path, url: str, environ: dict[str, str]
+) -> None:
+    path = tmp_path / "nodbot.yml"
+    warnings = store_warnings(tmp_path, url, environ)
+    assert warnings == [f"{path}:2: store.url: warning: {STORE_LITERAL}"]
+    assert "hunter2" not in warnings[0]
+
+
+@pytest.mark.parametrize("environ", [{}, {"DB_PASSWORD": ""}, {"DB_PASSWORD": "from-the-env"}])
+def test_a_store_password_with_a_default_is_a_password_written_in_the_file(
+    tmp_path: Path, environ: dict[str, str]
+) -> None:
+    url = "postgresql://nodbot:${DB_PASSWORD:-hunter2}@db/nodbot"
+    warnings = store_warnings(tmp_path, url, environ)
+    assert warnings == [
+        f"{tmp_path / 'nodbot.yml'}:2: store.url: warning: {store_default('DB_PASSWORD')}"
+    ]
+    assert "hunter2" not in warnings[0]
+
+
+@pytest.mark.parametrize(
+    ("url", "environ"),
+    [
+        ("postgresql://nodbot:${DB_PASSWORD}@db/nodbot", {"DB_PASSWORD": "hunter2"}),
+        ("postgresql://nodbot:${DB_PASSWORD}@${DB_HOST:-db}/nodbot", {"DB_PASSWORD": "hunter2"}),
+        ("postgresql://nodbot@db/nodbot?password=${DB_PASSWORD}", {"DB_PASSWORD": "hunter2"}),
+        ("${DATABASE_URL}", {"DATABASE_URL": "postgresql://nodbot:hunter2@db/nodbot"}),
+        ("postgresql://${DB_USERINFO}@db/nodbot", {"DB_USERINFO": "nodbot:hunter2"}),
+        ("postgresql://nodbot@db/nodbot", {}),
+        ("postgresql://db/nodbot?sslmode=require", {}),
+        ("sqlite:///var/lib/nodbot/nodbot.db", {}),
+        ("nodbot.db", {}),
+    ],
+)
+def test_a_store_url_without_a_password_in_the_file_leaves_nothing_to_warn_of(
+    tmp_path: Path, url: str, environ: dict[str, str]
+) -> None:
+    assert store_warnings(tmp_path, url, environ) == []
+
+
+def test_check_config_warns_of_the_store_password_without_showing_it(tmp_path: Path) -> None:
+    path = write(
+        tmp_path,
+        """
+        store:
+          url: postgresql://nodbot:hunter2-Secret@db.internal:5432/nodbot
+        """,
+    )
+    completed = check_config(path, {})
+    assert completed.returncode == 0
+    assert completed.stdout == f"{path}: ok (0 rules, 0 agents, 1 warning)\n"
+    assert completed.stderr == f"{path}:2: store.url: warning: {STORE_LITERAL}\n"
+    assert "hunter2" not in completed.stdout + completed.stderr
+    fixed = path.read_text().replace("hunter2-Secret", "${DB_PASSWORD}")
+    path.write_text(fixed)
+    completed = check_config(path, {"DB_PASSWORD": "hunter2-Secret"})
+    assert (completed.returncode, completed.stderr) == (0, "")
+    assert completed.stdout == f"{path}: ok (0 rules, 0 agents)\n"
+
+
+# Where a password may be written in the store URL: `{}` is the password, URL-quoted.
+PASSWORD_FORMS = {
+    "literal": ("postgresql://nodbot:{}@db/nodbot", STORE_LITERAL),
+    "literal, the host from the environment": (
+        "postgresql://nodbot:{}@${{DB_HOST}}/nodbot",
+        STORE_LITERAL,
+    ),
+    "literal, as a query parameter": ("postgresql://nodbot@db/nodbot?password={}", STORE_LITERAL),
+    "a default": (
+        "postgresql://nodbot:${{DB_PASSWORD:-{}}}@db/nodbot",
+        store_default("DB_PASSWORD"),
+    ),
+}
+
+
+@settings(deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(password=st.text(min_size=1, max_size=40), form=st.sampled_from(sorted(PASSWORD_FORMS)))
+def test_no_warning_ever_shows_the_store_password(tmp_path: Path, password: str, form: str) -> None:
+    template, said = PASSWORD_FORMS[form]
+    quoted = quote(password, safe="")
+    warnings = store_warnings(tmp_path, template.format(quoted), {"DB_HOST": "db"})
+    expected = [f"{tmp_path / 'nodbot.yml'}:2: store.url: warning: {said}"]
+    assert warnings == expected  # the same text whatever the password: it cannot show it
+    for shown in {password, quoted}:
+        if shown not in expected[0]:  # a password such as "a" is in any text
+            assert shown not in warnings[0]
+
+
+@settings(deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(password=st.text(st.characters(exclude_categories=["Cs"]), min_size=1, max_size=40))
+def test_a_store_password_from_the_environment_is_never_warned_of(
+    tmp_path: Path, password: str
+) -> None:
+    url = "postgresql://nodbot:${DB_PASSWORD}@db/nodbot"
+    assert store_warnings(tmp_path, url, {"DB_PASSWORD": password}) == []
