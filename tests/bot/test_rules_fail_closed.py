@@ -140,26 +140,26 @@ async def test_an_approve_rule_that_cannot_judge_passes_the_call_on(
     assert decision.decided_by == "nodbot:rules.3"
 
 
-async def test_a_deny_rule_that_cannot_judge_denies(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("outcome", "approved"), [("decision: deny", False), ("reviewers: [lead@example.com]", None)]
+)
+async def test_a_deny_or_review_rule_that_cannot_judge_takes_the_call(
+    tmp_path: Path, outcome: str, approved: bool | None
+) -> None:
+    """The first rule cannot judge a call without an amount: it takes it, denied or
+    reviewed, and the approve rule after it never sees it."""
     path = tmp_path / "nodbot.yml"
     path.write_text(
         "rules:\n"
-        "  - {tool: refund, when: {gt: {amount: 1000}}, decision: deny}\n"
+        f"  - {{tool: refund, when: {{gt: {{amount: 1000}}}}, {outcome}}}\n"
         "  - {tool: refund, decision: approve}\n"
     )
     decision = await ruled(load_config(path), "refund", {"order_id": "o-1"})
-    assert decision is not None and not decision.approved
-    assert decision.decided_by == "nodbot:rules.0"
-
-
-async def test_a_review_rule_that_cannot_judge_reviews(tmp_path: Path) -> None:
-    path = tmp_path / "nodbot.yml"
-    path.write_text(
-        "rules:\n"
-        "  - {tool: refund, when: {gt: {amount: 1000}}, reviewers: [lead@example.com]}\n"
-        "  - {tool: refund, decision: approve}\n"
-    )
-    assert await ruled(load_config(path), "refund", {"order_id": "o-1"}) is None
+    if approved is None:
+        assert decision is None
+    else:
+        assert decision is not None and decision.approved is approved
+        assert decision.decided_by == "nodbot:rules.0"
 
 
 async def test_with_no_rule_left_an_approve_rule_passes_the_call_to_defaults(
