@@ -17,6 +17,12 @@ create ──► pending ──decide──► approved / denied ──consume�
 - Once finished, a record is history: the same call asked again gets a new review.
 
 Every change, and every refused attempt, appends an `ApprovalEvent`; none is changed later.
+
+A message a reviewer acts by (an email reply) is processed once, whatever review it names:
+the `vote` or `decide` whose evidence carries its id (`MESSAGE_ID`), or the `refuse` asked to
+(`record_message`), records the id in the same transaction as its own events, and every later
+act by the same id, on any review, changes nothing but a `refused` event on the review it
+names, and raises `MessageAlreadyProcessed`.
 """
 
 from __future__ import annotations
@@ -43,6 +49,8 @@ from nodbot.core.remembered import MemoryRememberedApprovals
 __all__ = [
     "ALREADY_VOTED",
     "CONCURRENT_USE_REASON",
+    "MESSAGE_ID",
+    "MESSAGE_ID_BYTES",
     "TIMEOUT_DECIDER",
     "TIMEOUT_REASON",
     "ApprovalEvent",
@@ -57,11 +65,14 @@ __all__ = [
     "Evidence",
     "MemoryApprovalStore",
     "MemorySessionRevocations",
+    "MessageAlreadyProcessed",
     "SessionRevocations",
     "action_of",
     "check_vote",
     "decided_person",
     "decision_detail",
+    "message_of",
+    "processed_reason",
     "refusal_detail",
     "tally",
     "timeout_decision",
@@ -87,6 +98,40 @@ TIMEOUT_REASON = "nobody decided before the deadline"
 
 
 ALREADY_VOTED = "already voted"
+
+MESSAGE_ID = "message_id"
+"""The evidence key of the id of the message a reviewer acted by (an email's Message-ID):
+it is processed once (see the module). At most `MESSAGE_ID_BYTES` bytes in UTF-8."""
+MESSAGE_ID_BYTES = 998
+"""The longest message id a store records (RFC 5322's longest line)."""
+
+
+class MessageAlreadyProcessed(ApprovalError):
+    """The message an act was made by was processed before (on this review or another): the
+    act changed nothing but a `refused` event on `approval_id`, which says so."""
+
+    kind = "message-already-processed"
+
+    def __init__(self, *, approval_id: str, message_id: str, first: str) -> None:
+        super().__init__(processed_reason(message_id, first), approval_id=approval_id)
+        self.message_id = message_id
+        self.first = first
+        """The review the message was processed on first."""
+
+    def details(self) -> dict[str, Any]:
+        return {"approval_id": self.approval_id, "message_id": self.message_id}
+
+
+def processed_reason(message_id: str, first: str) -> str:
+    """The reason of the `refused` event of an act by a message processed before on the
+    review `first`."""
+    return f"the message {message_id} was processed already, on review {first}"
+
+
+def message_of(evidence: Evidence | None) -> str | None:
+    """The id of the message `evidence` says an act was made by (`MESSAGE_ID`), or None."""
+    found = None if evidence is None else evidence.get(MESSAGE_ID)
+    return found if isinstance(found, str) and found else None
 
 
 def check_vote(decision: Decision, required: int) -> str:
@@ -327,7 +372,8 @@ class ApprovalStore(Protocol):
         evidence: Evidence | None = None,
     ) -> ApprovalRecord:
         """Record the decision (its `decided` event names `person`, the person the decider's
-        handle resolved to, and keeps the channel's `evidence`). Raises `ApprovalNotFound`,
+        handle resolved to, and keeps the channel's `evidence`; a message id there is processed
+        once, see the module). Raises `ApprovalNotFound`, `MessageAlreadyProcessed`,
         `ApprovalAlreadyDecided`."""
         ...
 
@@ -344,9 +390,11 @@ class ApprovalStore(Protocol):
         A deny decides at once; approvals decide once `approvals_required` distinct reviewers
         approved: distinct by `person` when given, else by `decided_by`, so one person voting
         under two handles is refused. With one approval required, a vote is a decision.
+        A message id in `evidence` is processed once (see the module): a vote refused as
+        decided already, or voted already, has processed it too.
 
-        Raises `ApprovalNotFound`, `ApprovalAlreadyDecided`, `ApprovalAlreadyVoted`,
-        `InvalidDecisionError`.
+        Raises `ApprovalNotFound`, `InvalidDecisionError` (nothing recorded),
+        `MessageAlreadyProcessed`, `ApprovalAlreadyDecided`, `ApprovalAlreadyVoted`.
         """
         ...
 
@@ -359,9 +407,14 @@ class ApprovalStore(Protocol):
         reason: str,
         person: str | None = None,
         evidence: Evidence | None = None,
+        record_message: bool = False,
     ) -> None:
         """Record an attempt that a channel refused before it reached the store (a click by
-        someone who is not a reviewer, say) as a `refused` event. Raises `ApprovalNotFound`."""
+        someone who is not a reviewer, say) as a `refused` event. With `record_message`, the
+        message id of `evidence` is processed by it, once (see the module): a channel asks
+        so for the messages whose sender it verified. Raises `ApprovalNotFound`,
+        `MessageAlreadyProcessed`, and `ValueError` for `record_message` without a message
+        id."""
         ...
 
     async def consume(self, approval_id: str, *, actor: str | None = None) -> ApprovalRecord:
@@ -400,6 +453,7 @@ class MemoryApprovalStore:
         self._newest: dict[tuple[str, str], str] = {}
         self._events: _Events = []
         self._votes: dict[str, list[tuple[str, Decision]]] = {}  # (voter, vote)
+        self._messages: dict[str, str] = {}  # message id -> the review it was processed on
         self.sessions = MemorySessionRevocations(clock=clock)
         """The web inbox's ended sessions (`SessionRevocations`), in this process only."""
         self.remembered = MemoryRememberedApprovals(clock=clock)
@@ -461,6 +515,7 @@ class MemoryApprovalStore:
     ) -> ApprovalRecord:
         with self._lock:
             record = self._get(approval_id)
+            self._process(approval_id, evidence, decision.decided_by, channel, person)
             if record.decision is not None:
                 self._refuse(
                     approval_id, "already decided", decision.decided_by, channel, person, evidence
@@ -496,6 +551,7 @@ class MemoryApprovalStore:
             record = self._get(approval_id)
             required = record.request.approvals_required
             voter = check_vote(decision, required)
+            self._process(approval_id, evidence, decision.decided_by, channel, person)
             if record.decision is not None:
                 self._refuse(approval_id, "already decided", voter, channel, person, evidence)
                 raise ApprovalAlreadyDecided(
@@ -547,9 +603,14 @@ class MemoryApprovalStore:
         reason: str,
         person: str | None = None,
         evidence: Evidence | None = None,
+        record_message: bool = False,
     ) -> None:
+        if record_message and message_of(evidence) is None:
+            raise ValueError("record_message needs evidence with a message id")
         with self._lock:
             self._get(approval_id)
+            if record_message:
+                self._process(approval_id, evidence, actor, channel, person)
             self._refuse(approval_id, reason, actor, channel, person, evidence)
 
     async def consume(self, approval_id: str, *, actor: str | None = None) -> ApprovalRecord:
@@ -624,6 +685,27 @@ class MemoryApprovalStore:
         self._active[key] = self._newest[key] = record.approval_id
         self._log(record.approval_id, "created", actor=request.requested_by)
         return record
+
+    def _process(
+        self,
+        approval_id: str,
+        evidence: Evidence | None,
+        actor: str | None,
+        channel: str | None,
+        person: str | None,
+    ) -> None:
+        """Record the message of `evidence`, if any, as processed by an act on the review;
+        one processed before raises `MessageAlreadyProcessed`, its refusal logged."""
+        message_id = message_of(evidence)
+        if message_id is None:
+            return
+        first = self._messages.get(message_id)
+        if first is None:
+            self._messages[message_id] = approval_id
+            return
+        reason = processed_reason(message_id, first)
+        self._refuse(approval_id, reason, actor, channel, person, evidence)
+        raise MessageAlreadyProcessed(approval_id=approval_id, message_id=message_id, first=first)
 
     def _get(self, approval_id: str) -> ApprovalRecord:
         try:

@@ -10,11 +10,12 @@ processed message is moved there: MOVE, else COPY, flag deleted and expunge), or
 seen flag otherwise (each processed message is flagged seen). A message is fetched with
 `BODY.PEEK[]`, which leaves its flags alone, and marked only after `Inbound.ingest` has
 returned: a reader stopped in between (a crash, SIGKILL) reads it again after the restart,
-and the repeat decides nothing twice (its Message-ID is already recorded on its review, or the
-review is decided). A message the store could not take (`StoreError`) is left unmarked and
-tried again on the next round; one over `limits.EMAIL_BODY` bytes is marked unread, with a
-log line. A connection that fails is made again after a backoff (1 s doubling to 60 s),
-and `/healthz` says so while it fails.
+and the repeat decides nothing twice (its Message-ID was recorded as processed in the
+transaction that recorded what it did, see `inbound`; one stopped before that transaction
+committed processes it as new). A message the store could not take (`StoreError`) is left
+unmarked and tried again on the next round; one over `limits.EMAIL_BODY` bytes is marked
+unread, with a log line. A connection that fails is made again after a backoff (1 s doubling
+to 60 s), and `/healthz` says so while it fails.
 
 IMAP is spoken over TLS from the start (`tls: tls`, port 993, RFC 8314) or in plain text on
 a trusted network (`tls: none`); STARTTLS is refused by the configuration (the client library

@@ -1,27 +1,38 @@
 """Inbound email: `Inbound.ingest(raw)` reads one reviewer's reply and decides its review, the
-one step behind every door (the HTTP endpoint today; the listener and IMAP later).
+one step behind every door (the HTTP endpoint, the SMTP / LMTP listener, the IMAP reader).
 
 In order, stopping at the first refusal: automatic messages and bounces are dropped unread
 (`reading.screen`: answering them could loop, and they carry no decision), with an event on
-the review their token names, if any; the reply token is
-found in the plus part of the To/Delivered-To address of `reply_to`, else in the Message-IDs of
-In-Reply-To/References (clients that drop the plus part still thread); a Message-ID seen
-before on the review decides nothing again; the sender (`reading.sender`) must be the token's
-reviewer and authenticated by the trusted server; the token must verify for them and the
-stored call's digest, and the review be open; then the text above the quote is read
-(`reading.reply_text`, `reading.command`) and decided through the same `Authorizer` and
+the review their token names, if any; the reply token is found in the plus part of the
+To/Delivered-To address of `reply_to`, else in the Message-IDs of In-Reply-To/References
+(clients that drop the plus part still thread); the message must have exactly one
+Message-ID (none cannot be told apart from a copy, and a signature covers only one of two:
+one added above it would make a copy look new); the sender (`reading.sender`) must be the
+token's reviewer and authenticated by the trusted server; the token must verify for them and
+the stored call's digest, and the review be open; then the message is read as its reviewer
+saw it (`reading.reply_command`: the text above the quote, hidden HTML left out, text and
+HTML parts that disagree refused) and decided through the same `Authorizer` and
 `Executor.decide` as every other channel.
 
+A message is processed once, whatever review it names: the store records its Message-ID
+(`core.store.MESSAGE_ID`, a unique key shared by every replica) in the same transaction as
+what the message did, its decision or vote, or its refusal once its sender and token were
+verified; a copy (a re-sent or re-injected reply, a redelivery, or a copy handed over at the
+same moment), aimed at this review or any other, decides nothing and is refused with the
+reason and the Message-ID, and never answered. A crash before that transaction commits leaves
+nothing recorded, and the door has not acknowledged the message, so it is processed again;
+after it, the copy processed again finds it done. A message whose sender or token could not
+be verified records no Message-ID: a forgery cannot use up the id of a genuine reply.
+
 Every message that names a review but decides nothing leaves a `refused` event on it with the
-reason and the Message-ID, so a reviewer's "I replied" can be checked in the audit log. The
-events are also the record of which Message-IDs were processed (there is no other place in the
-store for it without a migration): a `refused`, `voted` or `decided` event of the review whose
-evidence carries the Message-ID means it was processed. Two copies processed at the same
-moment may both pass that check; the store's vote then refuses the second for the same person.
+reason and the Message-ID, so a reviewer's "I replied" can be checked in the audit log.
+Parsing and reading run off the event loop, over at most `limits.EMAIL_BODY` bytes, in time
+linear in their size.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import re
 from collections.abc import Callable, Sequence
@@ -38,9 +49,9 @@ from nodbot.bot.email.reading import (
     Deny,
     Edit,
     Refused,
+    Sender,
     Unclear,
-    command,
-    reply_text,
+    reply_command,
     screen,
 )
 from nodbot.bot.email.reading import sender as sender_of
@@ -61,6 +72,7 @@ from nodbot.core import (
     ToolRegistry,
     UnknownToolError,
 )
+from nodbot.core.store import MESSAGE_ID, MESSAGE_ID_BYTES, MessageAlreadyProcessed
 
 __all__ = ["CHANNEL", "Inbound", "Outcome"]
 
@@ -98,6 +110,23 @@ class Outcome:
             "message_id": self.message_id,
             "answered": self.answered,
         }
+
+
+@dataclass(frozen=True)
+class _Read:
+    """What a message says of itself, read off the event loop (`Inbound._read`)."""
+
+    message: EmailMessage
+    message_ids: int
+    """How many Message-ID headers it has."""
+    message_id: str | None
+    """The first one, on one line."""
+    automatic: str | None
+    """Why it is automatic (`reading.screen`), or None."""
+    token: str | None
+    claimed: str
+    """The From address as written (for the events of a refused message only)."""
+    sender: Sender | Refused
 
 
 class Inbound:
@@ -138,11 +167,8 @@ class Inbound:
         """Read `raw` (one RFC 5322 message) and decide its review if it says so.
         `recipients` are the envelope's (RCPT TO), when the message came over SMTP or LMTP:
         the plus address there names the review even when the headers do not."""
-        parsed = message_from_bytes(raw, policy=policy.default)
-        assert isinstance(parsed, EmailMessage)  # policy.default makes EmailMessages
-        message_id = _one_line(parsed.get("Message-ID"))
-        automatic = screen(parsed)
-        token = self._token(parsed, recipients)
+        read = await asyncio.to_thread(self._read, raw, tuple(recipients))
+        message_id, automatic, token = read.message_id, read.automatic, read.token
         if token is None:
             why = automatic or "no reply token in its addresses or Message-IDs"
             return Outcome("dropped", why, message_id=message_id)
@@ -152,17 +178,17 @@ class Inbound:
         except (InvalidToken, ApprovalNotFound):
             why = automatic or "its reply token names no review"
             return Outcome("dropped", why, message_id=message_id)
-        claimed = _bare_from(parsed)
-        refuse = _Refuser(self.store, record, message_id, claimed)
+        refuse = _Refuser(self.store, record, message_id, read.claimed)
         if automatic is not None:
             # Read no further and never answered (an answer could loop), but recorded on the
             # review it names: "the reviewer replied" can be checked against the events.
             await refuse(f"an automatic message decides nothing: {automatic}")
             return Outcome("dropped", automatic, approval_id, message_id)
-        outcome = await self._read(parsed, token, record, refuse)
+        outcome = await self._act(read, token, record, refuse)
         if self.answers is not None and refuse.verified:
-            answer = self.answers.compose(
-                parsed,
+            answer = await asyncio.to_thread(
+                self.answers.compose,
+                read.message,
                 address=refuse.actor,
                 token=token,
                 record=outcome.record or record,
@@ -175,20 +201,40 @@ class Inbound:
             outcome = replace(outcome, answered=True)
         return outcome
 
-    async def _read(
-        self, parsed: EmailMessage, token: str, record: ApprovalRecord, refuse: _Refuser
+    def _read(self, raw: bytes, recipients: Sequence[str]) -> _Read:
+        """What a message says of itself (run off the event loop: parsing is the costly
+        part, linear in the message's size)."""
+        parsed = message_from_bytes(raw, policy=policy.default)
+        assert isinstance(parsed, EmailMessage)  # policy.default makes EmailMessages
+        ids = parsed.get_all("Message-ID") or []
+        return _Read(
+            message=parsed,
+            message_ids=len(ids),
+            message_id=_one_line(ids[0]) if ids else None,
+            automatic=screen(parsed),
+            token=self._token(parsed, recipients),
+            claimed=_bare_from(parsed),
+            sender=sender_of(
+                parsed,
+                trusted_authserv_id=self.config.trusted_authserv_id,
+                require_authenticated=self.config.require_authenticated_sender,
+            ),
+        )
+
+    async def _act(
+        self, read: _Read, token: str, record: ApprovalRecord, refuse: _Refuser
     ) -> Outcome:
         """What the message of a review's token does, refusals recorded by `refuse`."""
-        approval_id, message_id = record.approval_id, refuse.message_id
+        message_id = refuse.message_id
+        if read.message_ids > 1:
+            return await refuse(
+                f"the message has {read.message_ids} Message-ID headers; exactly one is needed"
+            )
         if message_id is None:
             return await refuse("the message has no Message-ID, so it cannot be told apart")
-        if await self._seen(approval_id, message_id):
-            return await refuse(f"the message {message_id} was processed already")
-        found = sender_of(
-            parsed,
-            trusted_authserv_id=self.config.trusted_authserv_id,
-            require_authenticated=self.config.require_authenticated_sender,
-        )
+        if len(message_id.encode()) > MESSAGE_ID_BYTES:
+            return await refuse(f"the message's Message-ID is over {MESSAGE_ID_BYTES} bytes")
+        found = read.sender
         if isinstance(found, Refused):
             return await refuse(found.reason)
         address = found.address
@@ -201,7 +247,8 @@ class Inbound:
         if record.decision is not None:
             by = f" by {record.decision.decided_by}" if record.decision.decided_by else ""
             return await refuse(f"the review was already decided{by}")
-        said = command(reply_text(parsed), editable=self._editable(record))
+        editable = self._editable(record)
+        said = await asyncio.to_thread(reply_command, read.message, editable=editable)
         if isinstance(said, Unclear):
             return await refuse(said.reason)
         refuse.said = (
@@ -234,15 +281,6 @@ class Inbound:
                 for found in _TOKEN_IN_ID.finditer(str(header)):
                     return found.group(1).lower()
         return None
-
-    async def _seen(self, approval_id: str, message_id: str) -> bool:
-        for event in await self.store.events(approval_id):
-            if event.kind not in ("refused", "voted", "decided"):
-                continue
-            evidence = event.detail.get("evidence") or {}
-            if isinstance(evidence, dict) and evidence.get("message_id") == message_id:
-                return True
-        return False
 
     def _schema(self, record: ApprovalRecord) -> dict[str, Any] | None:
         """The arguments' schema: the bot's own tool's, else the one the caller of an
@@ -300,12 +338,16 @@ class Inbound:
                 decided_by=address,
                 channel=CHANNEL,
                 person=person,
-                evidence={"message_id": refuse.message_id},
+                evidence={MESSAGE_ID: refuse.message_id},
             )
+        except MessageAlreadyProcessed as exc:
+            return refuse.repeated(exc)
         except ApprovalAlreadyDecided as exc:
+            refuse.recorded = True  # the store processed the message with its refusal
             by = f" by {exc.decided_by}" if exc.decided_by else ""
             return await refuse(f"the review was already decided{by}")
         except ApprovalAlreadyVoted:
+            refuse.recorded = True
             return await refuse("you have voted on this review already")
         except InvalidDecisionError as exc:
             return await refuse(exc.message)
@@ -338,22 +380,40 @@ class _Refuser:
         """The command the reply gave: approve, deny or edit."""
         self.remember = False
         """The reply said `approve and remember`."""
+        self.recorded = False
+        """The store has processed the message already (refusing the act it asked for)."""
 
     async def __call__(self, reason: str) -> Outcome:
+        """Record the refusal; once the sender is `verified`, it processes the message (a
+        copy of it decides nothing after)."""
         approval_id = self.record.approval_id
         log.info(
             "email reply refused",
             extra={"approval_id": approval_id, "reason": reason, "message_id": self.message_id},
         )
-        await self.store.refuse(
-            approval_id,
-            actor=self.actor or None,
-            channel=CHANNEL,
-            reason=reason,
-            person=self.person,
-            evidence={"message_id": self.message_id},
-        )
+        try:
+            await self.store.refuse(
+                approval_id,
+                actor=self.actor or None,
+                channel=CHANNEL,
+                reason=reason,
+                person=self.person,
+                evidence={MESSAGE_ID: self.message_id},
+                record_message=self.verified and not self.recorded,
+            )
+        except MessageAlreadyProcessed as exc:
+            return self.repeated(exc)
         return Outcome("refused", reason, approval_id, self.message_id)
+
+    def repeated(self, exc: MessageAlreadyProcessed) -> Outcome:
+        """The outcome of a copy of a message processed before (the store recorded its
+        refusal): never answered, whoever sent it."""
+        self.verified = False
+        log.info(
+            "email reply refused: processed already",
+            extra={"approval_id": exc.approval_id, "message_id": exc.message_id},
+        )
+        return Outcome("refused", str(exc), self.record.approval_id, self.message_id)
 
 
 def _one_line(value: object) -> str | None:

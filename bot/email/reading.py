@@ -1,6 +1,7 @@
 """Reading a reviewer's reply email: whether to drop it unread (`screen`), who sent it
-(`sender`), what they wrote above the quoted request (`reply_text`) and which decision that
-text asks for (`command`).
+(`sender`), what they wrote above the quoted request (`reply_text`), which decision that
+text asks for (`command`), and which decision the message asks for (`reply_command`: a
+message whose text and HTML parts ask for different ones asks for none).
 
 Everything here is a pure function of the message: no network, no store, no token. The inbound
 door calls them in that order and stops at the first refusal; the token and the rule's policy
@@ -13,11 +14,14 @@ forwarded-message separators or mobile signatures such as "Get Outlook for iOS",
 body that is all quote; those are cut here, before and after it. Its regular expressions take
 quadratic time on long hostile lines, so it only ever sees the first `_MAX_READ` characters.
 
-HTML to text uses the standard library's `html.parser`: `html2text` writes Markdown (escapes,
-`**`, link syntax) that would have to be undone, and what we need is small: block elements as
-line breaks, and stopping at the first quote container (`blockquote`, Gmail's `gmail_quote`,
-Outlook's `divRplyFwdMsg`, Thunderbird's `moz-cite-prefix`), since only the text above the
-quote counts.
+HTML to text is `html_text.visible_text`: what a mail client shows, with hidden elements,
+comments and the like left out, up to the first quote container (`blockquote`, Gmail's
+`gmail_quote`, Outlook's `divRplyFwdMsg`, Thunderbird's `moz-cite-prefix`), since only the
+text above the quote counts. `html2text` writes Markdown (escapes, `**`, link syntax) that
+would have to be undone, and does not judge what is hidden.
+
+Every function here is pure Python over a message of at most `limits.EMAIL_BODY` bytes, in
+time linear in its size; the inbound door runs them off the event loop.
 """
 
 from __future__ import annotations
@@ -26,12 +30,13 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from email.headerregistry import Address
-from email.message import EmailMessage
-from html.parser import HTMLParser
+from email.message import EmailMessage, MIMEPart
 from typing import Literal, TypeAlias
 
 from mailparser_reply import EmailReplyParser  # type: ignore[import-untyped]
 from mailparser_reply.constants import MAIL_LANGUAGES  # type: ignore[import-untyped]
+
+from nodbot.bot.email.html_text import visible_text
 
 __all__ = [
     "MARKER",
@@ -44,6 +49,7 @@ __all__ = [
     "Sender",
     "Unclear",
     "command",
+    "reply_command",
     "reply_text",
     "screen",
     "sender",
@@ -299,16 +305,21 @@ _PARSER = EmailReplyParser(languages=list(MAIL_LANGUAGES))
 
 def reply_text(message: EmailMessage) -> str:
     """What the reviewer wrote above the quoted request in `message`: its text part (or its
-    HTML part as text), cut at the marker line, the first quote header, quoted (`>`) line,
-    forwarded message or signature. "" if there is nothing above the quote."""
-    part = message.get_body(preferencelist=("plain", "html"))
+    HTML part as a mail client shows it, `html_text.visible_text`), cut at the marker line,
+    the first quote header, quoted (`>`) line, forwarded message or signature. "" if there
+    is nothing above the quote."""
+    return _part_text(message.get_body(preferencelist=("plain", "html")))
+
+
+def _part_text(part: MIMEPart | None) -> str:
+    """`reply_text` of one body part (None: no part, so "")."""
     if part is None:
         return ""
     content = part.get_content()
     if not isinstance(content, str):
         return ""
     if part.get_content_type() == "text/html":
-        text = _html_text(content)
+        text = visible_text(content, limit=_MAX_READ)
     elif str(part.get_param("format", "") or "").lower() == "flowed":
         text = _unflow(content, delsp=str(part.get_param("delsp", "")).lower() == "yes")
     else:
@@ -352,57 +363,6 @@ def _unflow(text: str, *, delsp: bool) -> str:
     return "\n".join(out)
 
 
-_BLOCK = {"p", "div", "br", "li", "tr", "h1", "h2", "h3", "h4", "h5", "h6", "pre", "table", "hr"}
-_HIDDEN = {"head", "script", "style", "title"}
-_QUOTE_CLASSES = {"gmail_quote", "gmail_attr", "moz-cite-prefix", "gmail_signature"}
-_QUOTE_IDS = {"divrplyfwdmsg", "appendonsend", "mail-editor-reference-message-container"}
-
-
-class _TextOfHtml(HTMLParser):
-    """The text of an HTML reply up to its first quote container or signature."""
-
-    def __init__(self) -> None:
-        super().__init__(convert_charrefs=True)
-        self.pieces: list[str] = []
-        self.hidden = 0
-        self.stopped = False
-
-    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
-        if self.stopped:
-            return
-        named = dict(attrs)
-        classes = set((named.get("class") or "").lower().split())
-        if (
-            tag == "blockquote"
-            or classes & _QUOTE_CLASSES
-            or (named.get("id") or "").lower() in _QUOTE_IDS
-        ):
-            self.stopped = True
-        elif tag in _HIDDEN:
-            self.hidden += 1
-        elif tag in _BLOCK:
-            self.pieces.append("\n")
-
-    def handle_endtag(self, tag: str) -> None:
-        if tag in _HIDDEN and self.hidden:
-            self.hidden -= 1
-        elif tag in _BLOCK and not self.stopped:
-            self.pieces.append("\n")
-
-    def handle_data(self, data: str) -> None:
-        if not self.stopped and not self.hidden:
-            self.pieces.append(re.sub(r"[ \t\r\n]+", " ", data))
-
-
-def _html_text(html: str) -> str:
-    """`html` as plain text: block elements become line breaks, the quote is left out."""
-    parser = _TextOfHtml()
-    parser.feed(html)
-    parser.close()
-    lines = (line.strip() for line in "".join(parser.pieces).split("\n"))
-    return re.sub(r"\n{3,}", "\n\n", "\n".join(lines))
-
-
 # --- command ------------------------------------------------------------------------------
 
 
@@ -444,6 +404,7 @@ Problem: TypeAlias = Literal[
     "edit_twice",
     "edit_empty",
     "not_editable",
+    "parts_disagree",
 ]
 """Why a reply decided nothing."""
 
@@ -505,6 +466,55 @@ def command(text: str, *, editable: Sequence[str]) -> Command | Unclear:
         reason = "\n".join([rest, *below]).strip()
         return Deny(reason or None)
     return _edit([rest, *below] if rest else below, editable)
+
+
+def reply_command(message: EmailMessage, *, editable: Sequence[str]) -> Command | Unclear:
+    """The decision `message` asks for: `command` of its `reply_text`. A message with a text
+    part and an HTML part is read in both, and when they ask for different decisions it is
+    `Unclear` ("parts_disagree"): which one its reviewer saw depends on their mail client, and
+    text hidden in one of them (see `html_text`) must not decide. They agree when they make
+    the same decision (approve, approve and remember, deny, or the same edit), a denial's
+    reason aside (the two parts wrap and sign it differently); the text part's is taken."""
+    plain = message.get_body(preferencelist=("plain",))
+    html = message.get_body(preferencelist=("html",))
+    said = command(_part_text(plain if plain is not None else html), editable=editable)
+    if plain is None or html is None:
+        return said
+    shown = command(_part_text(html), editable=editable)
+    if _same(said, shown):
+        return said
+    return Unclear(
+        "parts_disagree",
+        f"The plain text and the HTML of the reply ask for different decisions "
+        f'("{_named(said)}" and "{_named(shown)}"), so which one you saw is not clear. {_HOW}',
+    )
+
+
+def _same(one: Command | Unclear, other: Command | Unclear) -> bool:
+    """Whether two readings of one reply make the same decision (see `reply_command`)."""
+    if isinstance(one, Unclear) or isinstance(other, Unclear):
+        return isinstance(one, Unclear) and isinstance(other, Unclear)
+    if isinstance(one, Approve) and isinstance(other, Approve):
+        return one.remember == other.remember
+    if isinstance(one, Edit) and isinstance(other, Edit):
+        return _spaced(one.arguments) == _spaced(other.arguments)
+    return isinstance(one, Deny) and isinstance(other, Deny)
+
+
+def _spaced(arguments: dict[str, str]) -> dict[str, str]:
+    return {name: " ".join(value.split()) for name, value in arguments.items()}
+
+
+def _named(said: Command | Unclear) -> str:
+    """A reading as a reviewer would write it (an edit's values cut short)."""
+    if isinstance(said, Unclear):
+        return "no decision"
+    if isinstance(said, Approve):
+        return "approve and remember" if said.remember else "approve"
+    if isinstance(said, Deny):
+        return "deny"
+    edits = ", ".join(f"{name}: {value}" for name, value in said.arguments.items())
+    return f"edit {edits[:60]}"
 
 
 def _command_word(line: str, first: str) -> str | None:

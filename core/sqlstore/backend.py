@@ -5,6 +5,12 @@ events, or, when the record is not in the state the change needs, appends a `ref
 (for decide and consume) and returns the record as it is. `SqlApprovalStore` turns that into
 records and errors. The rules for which events an operation appends live here, once.
 
+An act by a message (`Act.once`: its evidence carries a message id, `core.store.MESSAGE_ID`)
+is one transaction too, that first locks the review and inserts the id into
+`processed_messages`, whose primary key is the check: an insert that meets the id (processed
+before, by this store or another, on any review) appends the `refused` event of a repeat
+instead and returns a `Repeat`; one that does not goes on to the act, all or nothing.
+
 A run's `pending` column counts its pending reviews: the transaction that creates a review
 adds one, the one that decides it (decide, the vote that decides, a timeout) takes one off,
 so that `claim_ready` finds the ready runs through the `runs_claimable` index alone, at the
@@ -29,6 +35,8 @@ from nodbot.core.store import (
     check_vote,
     decided_person,
     decision_detail,
+    message_of,
+    processed_reason,
     refusal_detail,
     tally,
     timeout_decision,
@@ -53,6 +61,8 @@ __all__ = [
     "DigestBound",
     "EventRow",
     "EventValues",
+    "Once",
+    "Repeat",
     "Row",
     "VoteResult",
     "claim_step",
@@ -62,6 +72,7 @@ __all__ = [
     "delivered_event",
     "detail",
     "digest_bound",
+    "refusal_once",
     "timeout_detail",
     "undelivered_event",
 ]
@@ -239,6 +250,34 @@ class Counted(NamedTuple):
 
 
 @dataclass(frozen=True)
+class Once:
+    """The message an act is made by, which is processed once."""
+
+    message_id: str
+    refusal: Callable[[str], EventValues]
+    """The `refused` event of a repeat, given the review the message was processed on."""
+
+
+@dataclass(frozen=True)
+class Repeat:
+    """An act refused because its message was processed before, on the review `first` (the
+    act's `refused` event is appended)."""
+
+    message_id: str
+    first: str
+
+
+def refusal_once(message_id: str, event: EventValues, evidence: Evidence | None) -> Once:
+    """The `Once` of a refusal (`event`) by the message `message_id`."""
+    return Once(
+        message_id,
+        lambda first: event._replace(
+            detail=canonical_json(refusal_detail(processed_reason(message_id, first), evidence))
+        ),
+    )
+
+
+@dataclass(frozen=True)
 class Act:
     """A reviewer's decision or vote as the backends record it: the decision, through which
     channel, by whom (`person`, the handle's person), and the channel's evidence."""
@@ -257,6 +296,17 @@ class Act:
     def voter(self) -> str:
         """What votes are distinct by: the person, else the handle (`decided_by`)."""
         return self.person or self.decision.decided_by or ""
+
+    @property
+    def once(self) -> Once | None:
+        """The message the act is made by, if its evidence names one."""
+        message_id = message_of(self.evidence)
+        if message_id is None:
+            return None
+        actor = self.decision.decided_by
+        return Once(
+            message_id, lambda first: self.refused(processed_reason(message_id, first), actor)
+        )
 
     def refused(self, reason: str, actor: str | None) -> EventValues:
         """The `refused` event of this act."""
@@ -398,8 +448,11 @@ class Backend(Protocol):
         """Insert `row` unless the call has an active record; return the active record."""
         ...
 
-    async def refuse(self, approval_id: str, at: datetime, event: EventValues) -> bool:
-        """Append the `refused` event; False when there is no such approval."""
+    async def refuse(
+        self, approval_id: str, at: datetime, event: EventValues, once: Once | None = None
+    ) -> bool | Repeat:
+        """Append the `refused` event (with `once`, processing its message); False when
+        there is no such approval."""
         ...
 
     async def claim(
@@ -428,20 +481,22 @@ class Backend(Protocol):
         """Rows in creation order, or newest first."""
         ...
 
-    async def decide(self, approval_id: str, act: Act, at: datetime) -> Change:
+    async def decide(self, approval_id: str, act: Act, at: datetime) -> Change | Repeat:
         """Record the decision if there is none yet, with its `decided` event
-        (`act.decided_event`); else append `act.refused(ALREADY_DECIDED, ...)`."""
+        (`act.decided_event`); else append `act.refused(ALREADY_DECIDED, ...)`. An act by a
+        message processed before: a `Repeat` (see the module)."""
         ...
 
     async def vote(
         self, approval_id: str, act: Act, at: datetime, *, outcome_stage: bool = True
-    ) -> VoteResult:
+    ) -> VoteResult | Repeat:
         """In one transaction: refuse a vote on a decided approval or a second vote of the
         same voter (`act.voter`; logging `refused`), else record the vote (its Decision as
         JSON) with a `voted` event and, when `act.count` of all the votes is a decision,
         record that (`decided`). Without `outcome_stage`, a sole vote that decides a review
         whose request stage is announced marks its outcome announced too (`announced` 1 ->
-        2; see `SqlApprovalStore.outcome_stage`)."""
+        2; see `SqlApprovalStore.outcome_stage`). An act by a message processed before: a
+        `Repeat` (see the module)."""
         ...
 
     async def decide_known(

@@ -5,7 +5,9 @@ Each operation is a single statement, so it is its own transaction: the conditio
 Concurrent writers of one row queue on its row lock and re-check the condition, so exactly
 one of them changes it. Only the rare paths (a refusal, a create that met an active record,
 a claim whose light statement found no active record to take or show) take a second
-statement.
+statement, and an act by a message (`Act.once`), which is a transaction of a few: the
+review locked, the message id inserted (`ON CONFLICT DO NOTHING`: a writer that meets one
+not yet committed waits for it, then finds it there or not), then the act's own statement.
 """
 
 from __future__ import annotations
@@ -34,6 +36,8 @@ from nodbot.core.sqlstore.backend import (
     Claimed,
     EventRow,
     EventValues,
+    Once,
+    Repeat,
     Row,
     VoteResult,
     claim_step,
@@ -182,6 +186,12 @@ SELECT 'taken' AS claimed, {COLUMNS}, {_LINK} FROM taken
 UNION ALL
 SELECT 'active', {COLUMNS}, NULL, NULL FROM approvals
 WHERE run_id = $1 AND call_id = $2 AND finished_at IS NULL AND NOT EXISTS (SELECT 1 FROM taken)"""
+
+# The insert is the check: a message id processed before is there (see backend.py).
+_PROCESS = """
+INSERT INTO processed_messages (message_id, approval_id, at) VALUES ($1, $2, $3)
+ON CONFLICT (message_id) DO NOTHING RETURNING 1"""
+_PROCESSED_ON = "SELECT approval_id FROM processed_messages WHERE message_id = $1"
 
 _ACTIVE = f"""
 SELECT {COLUMNS} FROM approvals WHERE run_id = $1 AND call_id = $2 AND finished_at IS NULL"""
@@ -633,6 +643,17 @@ _finished_denied = EventValues("finished", None, "executor", detail("outcome", "
 """The event that finishes a denial the moment it is consumed."""
 
 
+async def _log(
+    connection: asyncpg.Connection, approval_id: str, at: datetime, event: EventValues
+) -> None:
+    """Append `event` to the review inside the connection's transaction (chained by the
+    trigger)."""
+    await connection.execute(
+        f"{_EVENTS} VALUES ($1, $2, $3, $4, $5, $6, $7)",
+        approval_id, event.kind, at, event.actor, event.channel, event.detail, event.person,
+    )  # fmt: skip
+
+
 def _chain_refused(error: asyncpg.UniqueViolationError) -> bool:
     """Whether a statement chained to a link another writer had chained to first."""
     return error.constraint_name == "events_chain"
@@ -840,13 +861,39 @@ class PostgresBackend:
             return Claimed("taken", change.changed)
         return Claimed("in_use", change.existing or active)
 
-    async def refuse(self, approval_id: str, at: datetime, event: EventValues) -> bool:
+    async def refuse(
+        self, approval_id: str, at: datetime, event: EventValues, once: Once | None = None
+    ) -> bool | Repeat:
+        if once is not None:
+            async with self._pool.acquire() as connection, connection.transaction():
+                processed = await self._process(connection, approval_id, once, at)
+                if processed is None:
+                    return False
+                if isinstance(processed, Repeat):
+                    return processed
+                await _log(connection, approval_id, at, event)
+                return True
         inserted = await self._pool.fetchval(
             f"{_EVENTS} SELECT approval_id, 'refused', $2::timestamptz, $3::text, $4::text,"
             " $5::text, $6::text FROM approvals WHERE approval_id = $1 RETURNING 1",
             approval_id, at, event.actor, event.channel, event.detail, event.person,
         )  # fmt: skip
         return inserted is not None
+
+    async def _process(
+        self, connection: asyncpg.Connection, approval_id: str, once: Once, at: datetime
+    ) -> Row | Repeat | None:
+        """Inside a transaction: lock the review and record `once`'s message as processed
+        by an act on it; the review's row, or a `Repeat` (its `refused` event appended) when
+        the message was processed before, or None when there is no such review."""
+        row = _row(await connection.fetchrow(f"{_SELECT_ONE} FOR UPDATE", approval_id))
+        if row is None:
+            return None
+        if await connection.fetchval(_PROCESS, once.message_id, approval_id, at) is not None:
+            return row
+        first = await connection.fetchval(_PROCESSED_ON, once.message_id)
+        await _log(connection, approval_id, at, once.refusal(first))
+        return Repeat(once.message_id, first)
 
     async def get(self, approval_id: str) -> Row | None:
         return await self._one(_SELECT_ONE, approval_id)
@@ -875,7 +922,7 @@ class PostgresBackend:
             query += f" LIMIT {int(limit)}"
         return [dict(record) for record in await self._pool.fetch(query, *arguments)]
 
-    async def decide(self, approval_id: str, act: Act, at: datetime) -> Change:
+    async def decide(self, approval_id: str, act: Act, at: datetime) -> Change | Repeat:
         bound = act.decided()
         decision, actor = act.decision.model_dump_json(), act.decision.decided_by
         arguments = (
@@ -891,6 +938,9 @@ class PostgresBackend:
             first, prev, (hash_,) = self._links.after(approval_id, at, [event])
             return (*arguments, digest, first, prev, hash_, self._store)
 
+        once = act.once
+        if once is not None:
+            return await self._decide_once(approval_id, act, at, once, chained(False))
         changed = await self._chained(_DECIDE, approval_id, chained)
         if changed is not None:
             await self._decided([changed])
@@ -902,9 +952,29 @@ class PostgresBackend:
         )
         return Change(None, existing)
 
+    async def _decide_once(
+        self, approval_id: str, act: Act, at: datetime, once: Once, arguments: Sequence[Any]
+    ) -> Change | Repeat:
+        """`decide` by a message, in one transaction with its processing (`_DECIDE` made
+        with `arguments`, its chain left to the trigger)."""
+        async with self._pool.acquire() as connection, connection.transaction():
+            processed = await self._process(connection, approval_id, once, at)
+            if processed is None:
+                return Change(None, None)
+            if isinstance(processed, Repeat):
+                return processed
+            found = await connection.fetchrow(_DECIDE, *arguments)
+            if found is None:
+                refusal = act.refused(ALREADY_DECIDED, act.decision.decided_by)
+                await _log(connection, approval_id, at, refusal)
+                return Change(None, processed)
+            changed = self._learned(found)
+        await self._decided([changed])  # once the transaction has committed
+        return Change(changed, None)
+
     async def vote(
         self, approval_id: str, act: Act, at: datetime, *, outcome_stage: bool = True
-    ) -> VoteResult:
+    ) -> VoteResult | Repeat:
         ballot = act.decision.model_dump_json()
         actor = act.decision.decided_by or ""
         voted, decided = act.voted(), act.decided()
@@ -931,6 +1001,9 @@ class PostgresBackend:
             after = self._links.after(approval_id, at, events)
             return (*arguments, digest, *_flat(after), outcome_stage, self._store)
 
+        once = act.once
+        if once is not None:
+            return await self._vote_once(approval_id, act, at, once, chained(False))
         sole = await self._chained(_SOLE_VOTE, approval_id, chained)
         if sole is not None:
             await self._decided([sole])
@@ -940,55 +1013,81 @@ class PostgresBackend:
             await self._decided([counted.row])  # once the transaction has committed
         return counted
 
+    async def _vote_once(
+        self, approval_id: str, act: Act, at: datetime, once: Once, arguments: Sequence[Any]
+    ) -> VoteResult | Repeat:
+        """`vote` by a message, in one transaction with its processing: the sole vote that
+        decides (`_SOLE_VOTE` made with `arguments`, its chain left to the trigger), else
+        counted as `_count_vote` does."""
+        async with self._pool.acquire() as connection, connection.transaction():
+            processed = await self._process(connection, approval_id, once, at)
+            if processed is None:
+                return VoteResult("missing", None)
+            if isinstance(processed, Repeat):
+                return processed
+            sole = await connection.fetchrow(_SOLE_VOTE, *arguments)
+            if sole is not None:
+                counted = VoteResult("decided", self._learned(sole))
+            else:
+                ballot, actor = act.decision.model_dump_json(), act.decision.decided_by or ""
+                counted = await self._counted(connection, processed, act, at, ballot, actor)
+        if counted.result == "decided" and counted.row is not None:
+            await self._decided([counted.row])  # once the transaction has committed
+        return counted
+
     async def _count_vote(
         self, approval_id: str, act: Act, at: datetime, ballot: str, actor: str
     ) -> VoteResult:
         """A vote (`ballot`, its Decision as JSON, by `actor`) on a review that needs several
         approvals, counted with the votes before it in one transaction."""
-        voter = act.voter
-
-        async def log(connection: asyncpg.Connection, event: EventValues) -> None:
-            await connection.execute(
-                f"{_EVENTS} VALUES ($1, $2, $3, $4, $5, $6, $7)",
-                approval_id, event.kind, at, event.actor, event.channel, event.detail,
-                event.person,
-            )  # fmt: skip
-
         async with self._pool.acquire() as connection, connection.transaction():
             # The row lock makes voters of one approval take turns: each sees the votes before.
             row = _row(await connection.fetchrow(f"{_SELECT_ONE} FOR UPDATE", approval_id))
             if row is None:
                 return VoteResult("missing", None)
-            if row["decision"] is not None:
-                await log(connection, act.refused(ALREADY_DECIDED, actor))
-                return VoteResult("decided_before", row)
-            earlier = await connection.fetch(
-                "SELECT voter, decision FROM votes WHERE approval_id = $1 ORDER BY seq", approval_id
+            return await self._counted(connection, row, act, at, ballot, actor)
+
+    async def _counted(
+        self,
+        connection: asyncpg.Connection,
+        row: Row,
+        act: Act,
+        at: datetime,
+        ballot: str,
+        actor: str,
+    ) -> VoteResult:
+        """The vote counted on `connection`, in its transaction, the review `row` locked."""
+        approval_id, voter = row["approval_id"], act.voter
+        if row["decision"] is not None:
+            await _log(connection, approval_id, at, act.refused(ALREADY_DECIDED, actor))
+            return VoteResult("decided_before", row)
+        earlier = await connection.fetch(
+            "SELECT voter, decision FROM votes WHERE approval_id = $1 ORDER BY seq", approval_id
+        )
+        if any(found["voter"] == voter for found in earlier):
+            await _log(connection, approval_id, at, act.refused(ALREADY_VOTED, actor))
+            return VoteResult("voted_before", row)
+        await connection.execute(
+            "INSERT INTO votes (approval_id, voter, decision, at) VALUES ($1, $2, $3, $4)",
+            approval_id, voter, ballot, at,
+        )  # fmt: skip
+        await _log(connection, approval_id, at, act.voted_event(row["digest"]))
+        voters = [found["voter"] for found in earlier] + [voter]
+        counted = act.count([found["decision"] for found in earlier], voters, row)
+        if counted is None:
+            return VoteResult("recorded", row)
+        changed = _row(
+            await connection.fetchrow(
+                "UPDATE approvals SET decision = $2, status = $3, decided_at = $4 "
+                f"WHERE approval_id = $1 RETURNING {COLUMNS}, {_heard(5)}",
+                *(approval_id, counted.decision, counted.status, at, self._store),
             )
-            if any(found["voter"] == voter for found in earlier):
-                await log(connection, act.refused(ALREADY_VOTED, actor))
-                return VoteResult("voted_before", row)
-            await connection.execute(
-                "INSERT INTO votes (approval_id, voter, decision, at) VALUES ($1, $2, $3, $4)",
-                approval_id, voter, ballot, at,
-            )  # fmt: skip
-            await log(connection, act.voted_event(row["digest"]))
-            voters = [found["voter"] for found in earlier] + [voter]
-            counted = act.count([found["decision"] for found in earlier], voters, row)
-            if counted is None:
-                return VoteResult("recorded", row)
-            changed = _row(
-                await connection.fetchrow(
-                    "UPDATE approvals SET decision = $2, status = $3, decided_at = $4 "
-                    f"WHERE approval_id = $1 RETURNING {COLUMNS}, {_heard(5)}",
-                    *(approval_id, counted.decision, counted.status, at, self._store),
-                )
-            )
-            await log(connection, counted.event)
-            await connection.execute(
-                "UPDATE runs SET pending = pending - 1 WHERE run_id = $1", row["run_id"]
-            )
-            return VoteResult("decided", changed)
+        )
+        await _log(connection, approval_id, at, counted.event)
+        await connection.execute(
+            "UPDATE runs SET pending = pending - 1 WHERE run_id = $1", row["run_id"]
+        )
+        return VoteResult("decided", changed)
 
     async def consume(self, approval_id: str, at: datetime, actor: str | None) -> Change:
         arguments = (approval_id, at, actor, detail("outcome", "denied"))

@@ -29,6 +29,7 @@ __all__ = [
     "events",
     "listeners",
     "metadata",
+    "processed_messages",
     "remembered",
     "revocations",
     "run_states",
@@ -258,4 +259,14 @@ listeners = Table(
     Column("pid", Integer, primary_key=True, autoincrement=False),  # the session's backend
     Column("store", String(64), nullable=False),  # which store instance listens
     Column("since", UTCDateTime, nullable=False),
+)
+
+# The messages reviewers acted by (email replies), each processed once, whatever review it
+# names (migration 0016): the insert of its id, in the transaction of the act, is the check.
+processed_messages = Table(
+    "processed_messages",
+    metadata,
+    Column("message_id", String(998), primary_key=True),  # the Message-ID, as written
+    Column("approval_id", String(64), nullable=False),  # the review it was processed on first
+    Column("at", UTCDateTime, nullable=False),
 )

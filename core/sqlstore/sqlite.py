@@ -37,6 +37,8 @@ from nodbot.core.sqlstore.backend import (
     Claimed,
     EventRow,
     EventValues,
+    Once,
+    Repeat,
     Row,
     VoteResult,
     claim_step,
@@ -148,6 +150,12 @@ _DECIDE_KNOWN = (
     "WHERE approval_id = ? AND decision IS NULL"
 )
 _INSERT_VOTE = "INSERT INTO votes (approval_id, voter, decision, at) VALUES (?, ?, ?, ?)"
+# The insert is the check: a message id processed before is there (see backend.py).
+_PROCESS = (
+    "INSERT INTO processed_messages (message_id, approval_id, at) VALUES (?, ?, ?) "
+    "ON CONFLICT (message_id) DO NOTHING"
+)
+_PROCESSED_ON = "SELECT approval_id FROM processed_messages WHERE message_id = ?"
 _EXPIRE = (
     "UPDATE approvals SET decision = CASE WHEN on_timeout = 'approve' THEN ? ELSE ? END, "
     "status = CASE WHEN on_timeout = 'approve' THEN 'approved' ELSE 'denied' END, "
@@ -646,8 +654,18 @@ class SqliteBackend:
             link = self._append(db, taken["approval_id"], event_at, event, after=link)
         return Claimed("taken", taken)
 
-    async def refuse(self, approval_id: str, at: datetime, event: EventValues) -> bool:
-        def work(db: sqlite3.Connection) -> bool:
+    async def refuse(
+        self, approval_id: str, at: datetime, event: EventValues, once: Once | None = None
+    ) -> bool | Repeat:
+        def work(db: sqlite3.Connection) -> bool | Repeat:
+            if once is not None:
+                processed = self._process(db, approval_id, once, at)
+                if processed is None:
+                    return False
+                if isinstance(processed, Repeat):
+                    return processed
+                self._append(db, approval_id, at, event)
+                return True
             if db.execute(
                 "SELECT 1 FROM approvals WHERE approval_id = ?", (approval_id,)
             ).fetchone():
@@ -656,6 +674,21 @@ class SqliteBackend:
             return False
 
         return await self._transaction(work)
+
+    def _process(
+        self, db: sqlite3.Connection, approval_id: str, once: Once, at: datetime
+    ) -> Row | Repeat | None:
+        """Inside a write transaction: record `once`'s message as processed by an act on the
+        review; the review's row, or a `Repeat` (its `refused` event appended) when the
+        message was processed before, or None when there is no such review."""
+        row = _row(db.execute(_SELECT_ONE, (approval_id,)).fetchone())
+        if row is None:
+            return None
+        if db.execute(_PROCESS, (once.message_id, approval_id, _text(at))).rowcount:
+            return row
+        first = db.execute(_PROCESSED_ON, (once.message_id,)).fetchone()[0]
+        self._append(db, approval_id, at, once.refusal(first))
+        return Repeat(once.message_id, first)
 
     async def get(self, approval_id: str) -> Row | None:
         return await self._fetch_one(_SELECT_ONE, (approval_id,))
@@ -685,8 +718,8 @@ class SqliteBackend:
             query += f" LIMIT {int(limit)}"
         return [_row(found) or {} for found in await self._fetch_all(query, parameters)]
 
-    async def decide(self, approval_id: str, act: Act, at: datetime) -> Change:
-        return await self._update(
+    async def decide(self, approval_id: str, act: Act, at: datetime) -> Change | Repeat:
+        work = self._update_work(
             approval_id,
             "decision = ?, status = ?, decided_at = ?",
             "decision IS NULL",
@@ -696,6 +729,17 @@ class SqliteBackend:
             at,
             decides=True,
         )
+        once = act.once
+        if once is None:
+            return await self._transaction(work)
+
+        def work_once(db: sqlite3.Connection) -> Change | Repeat:
+            processed = self._process(db, approval_id, once, at)
+            if processed is None:
+                return Change(None, None)
+            return processed if isinstance(processed, Repeat) else work(db)
+
+        return await self._transaction(work_once)
 
     async def decide_known(
         self, known: Row, act: Act, at: datetime, *, vote: bool = False, outcome_stage: bool = True
@@ -723,13 +767,20 @@ class SqliteBackend:
 
     async def vote(
         self, approval_id: str, act: Act, at: datetime, *, outcome_stage: bool = True
-    ) -> VoteResult:
+    ) -> VoteResult | Repeat:
         now = _text(at)
         ballot, voter = act.decision.model_dump_json(), act.voter
         actor = act.decision.decided_by or ""
         sole_vote = _SOLE_VOTE if outcome_stage else _SOLE_VOTE_TOLD
+        once = act.once
 
-        def work(db: sqlite3.Connection) -> VoteResult:
+        def work(db: sqlite3.Connection) -> VoteResult | Repeat:
+            if once is not None:
+                processed = self._process(db, approval_id, once, at)
+                if processed is None:
+                    return VoteResult("missing", None)
+                if isinstance(processed, Repeat):
+                    return processed
             sole = _row(db.execute(sole_vote, (ballot, act.status, now, approval_id)).fetchone())
             if sole is not None:  # it needed one approval: this vote decided it (see Act)
                 link = self._append(db, approval_id, at, act.voted_event(sole["digest"]))
@@ -818,6 +869,31 @@ class SqliteBackend:
         """Change the row if `condition` holds and append `events(row)`; otherwise append
         the `refused` event `refusal(existing)` gives, if any. A change that `decides` a
         pending review takes it off its run's count."""
+        work = self._update_work(
+            approval_id,
+            assignments,
+            condition,
+            parameters,
+            events,
+            refusal,
+            at,
+            decides=decides,
+        )
+        return await self._transaction(work)
+
+    def _update_work(
+        self,
+        approval_id: str,
+        assignments: str,
+        condition: str,
+        parameters: tuple[Any, ...],
+        events: Callable[[Row], Sequence[EventValues]],
+        refusal: Callable[[Row], EventValues | None],
+        at: datetime,
+        *,
+        decides: bool = False,
+    ) -> Callable[[sqlite3.Connection], Change]:
+        """The transaction's work of `_update`."""
 
         def work(db: sqlite3.Connection) -> Change:
             changed = _row(
@@ -841,7 +917,7 @@ class SqliteBackend:
                 self._append(db, approval_id, at, refused)
             return Change(None, existing)
 
-        return await self._transaction(work)
+        return work
 
     async def event_rows(self, approval_id: str | None) -> list[EventRow]:
         query = "SELECT seq, approval_id, kind, at, actor, channel, detail, person FROM events"

@@ -49,7 +49,9 @@ from nodbot.core.sqlstore.backend import (
     Backend,
     Change,
     EventValues,
+    Repeat,
     Row,
+    refusal_once,
 )
 from nodbot.core.sqlstore.drafts import Draft, Drafts
 from nodbot.core.sqlstore.engine import (
@@ -73,6 +75,8 @@ from nodbot.core.store import (
     Claim,
     EventKind,
     Evidence,
+    MessageAlreadyProcessed,
+    message_of,
     refusal_detail,
     timeout_decision,
     utc_now,
@@ -259,6 +263,8 @@ class SqlApprovalStore:
         pending = self._pending.pop(approval_id, None)
         if pending is None or (vote and pending.request.approvals_required != 1):
             return None
+        if act.once is not None:
+            return None  # an act by a message is processed with it (see backend.py)
         request = pending.request
         known = {
             "approval_id": approval_id,
@@ -345,6 +351,8 @@ class SqlApprovalStore:
             return decided
         with self._errors():
             change = await backend.decide(approval_id, act, now)
+        if isinstance(change, Repeat):
+            raise _repeated(approval_id, change)
         if change.changed is not None:
             return self._decided_here(_record(change.changed))
         if change.existing is None:
@@ -372,6 +380,8 @@ class SqlApprovalStore:
             return decided
         with self._errors():
             outcome = await backend.vote(approval_id, act, now, outcome_stage=self.outcome_stage)
+        if isinstance(outcome, Repeat):
+            raise _repeated(approval_id, outcome)
         if outcome.row is None:
             raise ApprovalNotFound(approval_id=approval_id)
         record = _record(outcome.row)
@@ -391,13 +401,20 @@ class SqlApprovalStore:
         reason: str,
         person: str | None = None,
         evidence: Evidence | None = None,
+        record_message: bool = False,
     ) -> None:
+        message_id = message_of(evidence)
+        if record_message and message_id is None:
+            raise ValueError("record_message needs evidence with a message id")
         await self._undraft(approval_id=approval_id)
         backend = await self._ready()
         detail = canonical_json(refusal_detail(reason, evidence))
         event = EventValues("refused", actor, channel, detail, person)
+        once = refusal_once(message_id, event, evidence) if record_message and message_id else None
         with self._errors():
-            found = await backend.refuse(approval_id, self._clock(), event)
+            found = await backend.refuse(approval_id, self._clock(), event, once)
+        if isinstance(found, Repeat):
+            raise _repeated(approval_id, found)
         if not found:
             raise ApprovalNotFound(approval_id=approval_id)
 
@@ -817,6 +834,12 @@ class SqlApprovalStore:
 
     def _errors(self) -> translate_errors:
         return translate_errors(self.url)
+
+
+def _repeated(approval_id: str, repeat: Repeat) -> MessageAlreadyProcessed:
+    return MessageAlreadyProcessed(
+        approval_id=approval_id, message_id=repeat.message_id, first=repeat.first
+    )
 
 
 def _moved(

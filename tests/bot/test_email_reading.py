@@ -1,5 +1,5 @@
 """Reading reply emails: every file of the hand-written corpus in `email_corpus/` goes through
-`screen`, `sender` and `command(reply_text(...))` as the inbound door runs them, and ends in
+`screen`, `sender` and `reply_command` as the inbound door runs them, and ends in
 exactly the decision its reviewer wrote, or in a refusal whose reason says why."""
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from nodbot.bot.email.reading import (
     Sender,
     Unclear,
     command,
+    reply_command,
     reply_text,
     screen,
     sender,
@@ -82,7 +83,7 @@ def outcome(message: EmailMessage) -> Outcome:
         return ("refused", who.reason)
     if who.address != REVIEWER:
         return ("refused", f"{who.address} is not the reviewer")
-    decided = command(reply_text(message), editable=EDITABLE)
+    decided = reply_command(message, editable=EDITABLE)
     if isinstance(decided, Unclear):
         return ("unclear", f"{decided.problem}: {decided.reason}")
     return decided
