@@ -13,6 +13,7 @@ NodbotError
 │   ├── ApprovalNotFound           no approval has that id
 │   ├── ApprovalAlreadyDecided     the first decision wins; this one came second
 │   ├── ApprovalAlreadyVoted       this reviewer has voted on this approval already
+│   ├── MessageAlreadyProcessed    the message (an email reply) acted once already
 │   ├── ApprovalNotDecided         consume() on an approval nobody has decided yet
 │   └── ApprovalAlreadyConsumed    the decision was spent by another call
 ├── RunError                       a durable run cannot be found or saved
@@ -49,6 +50,7 @@ __all__ = [
     "DeliveryLost",
     "InvalidArgumentsError",
     "InvalidDecisionError",
+    "MessageAlreadyProcessed",
     "NodbotError",
     "RunConflict",
     "RunError",
@@ -248,6 +250,29 @@ class ApprovalAlreadyVoted(ApprovalError):
 
     def details(self) -> dict[str, Any]:
         return {"approval_id": self.approval_id, "voter": self.voter}
+
+
+class MessageAlreadyProcessed(ApprovalError):
+    """The message an act was made by (an email reply's Message-ID) was processed before, on
+    this review or another: the act changed nothing but a `refused` event on `approval_id`,
+    which says so."""
+
+    kind = "message-already-processed"
+
+    def __init__(self, *, approval_id: str, message_id: str, first: str) -> None:
+        super().__init__(self.reason(message_id, first), approval_id=approval_id)
+        self.message_id = message_id
+        self.first = first
+        """The review the message was processed on first."""
+
+    @staticmethod
+    def reason(message_id: str, first: str) -> str:
+        """The reason of the `refused` event of an act by `message_id`, processed before on
+        the review `first`."""
+        return f"the message {message_id} was processed already, on review {first}"
+
+    def details(self) -> dict[str, Any]:
+        return {"approval_id": self.approval_id, "message_id": self.message_id}
 
 
 class ApprovalNotDecided(ApprovalError):

@@ -43,6 +43,7 @@ from nodbot.core.errors import (
     ApprovalNotDecided,
     ApprovalNotFound,
     InvalidDecisionError,
+    MessageAlreadyProcessed,
 )
 from nodbot.core.remembered import MemoryRememberedApprovals
 
@@ -106,26 +107,10 @@ MESSAGE_ID_BYTES = 998
 """The longest message id a store records (RFC 5322's longest line)."""
 
 
-class MessageAlreadyProcessed(ApprovalError):
-    """The message an act was made by was processed before (on this review or another): the
-    act changed nothing but a `refused` event on `approval_id`, which says so."""
-
-    kind = "message-already-processed"
-
-    def __init__(self, *, approval_id: str, message_id: str, first: str) -> None:
-        super().__init__(processed_reason(message_id, first), approval_id=approval_id)
-        self.message_id = message_id
-        self.first = first
-        """The review the message was processed on first."""
-
-    def details(self) -> dict[str, Any]:
-        return {"approval_id": self.approval_id, "message_id": self.message_id}
-
-
 def processed_reason(message_id: str, first: str) -> str:
     """The reason of the `refused` event of an act by a message processed before on the
-    review `first`."""
-    return f"the message {message_id} was processed already, on review {first}"
+    review `first` (`MessageAlreadyProcessed.reason`)."""
+    return MessageAlreadyProcessed.reason(message_id, first)
 
 
 def message_of(evidence: Evidence | None) -> str | None:

@@ -45,6 +45,7 @@ EXPECTED = {
     "InterruptRule",
     "InvalidArgumentsError",
     "InvalidDecisionError",
+    "MessageAlreadyProcessed",
     "LoopResult",
     "MemoryApprovalStore",
     "Message",
@@ -116,7 +117,7 @@ def test_every_listed_member_exists() -> None:
 def test_every_exported_exception_derives_from_nodbot_error() -> None:
     members = [getattr(core, name) for name in core.__all__]
     errors = [m for m in members if isinstance(m, type) and issubclass(m, BaseException)]
-    assert len(errors) == 23
+    assert len(errors) == 24
     assert [e.__name__ for e in errors if not issubclass(e, core.NodbotError)] == []
     assert len({e.kind for e in errors}) == len(errors)  # each reports its own kind
 
