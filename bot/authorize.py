@@ -33,7 +33,7 @@ from slack_sdk.errors import SlackApiError
 from nodbot.bot.config import Config, parse_reviewer
 from nodbot.bot.config.values import Reviewer
 from nodbot.bot.people import IdentityUnavailable, People, Person
-from nodbot.bot.policy import SELF_APPROVAL_REASON, rule_refusal
+from nodbot.bot.policy import SELF_APPROVAL_REASON, Authorize, rule_refusal
 from nodbot.bot.slack.directory import Directory
 from nodbot.core import ApprovalRecord, Decision, RunNotFound, RunStore, StoreError
 
@@ -59,7 +59,7 @@ StartedBy = Callable[[ApprovalRecord], Awaitable[str | None]]
 """`(record) -> who started its run for its requester`, None when nobody else did. Raises
 `StoreError` when that cannot be read."""
 
-AuthorizeDecision: TypeAlias = Callable[[str, ApprovalRecord, Decision], Awaitable["Verdict"]]
+AuthorizeDecision: TypeAlias = Authorize
 """`(handle, record, decision) -> Verdict`: what every channel asks before recording a
 decision (an `Authorizer`, or a test's own)."""
 

@@ -50,9 +50,9 @@ def judged_arguments(schema: dict[str, Any], arguments: Any) -> dict[str, Any] |
     """The arguments as the rules judge them: checked against `schema` and with the
     `default` of each property the call left out filled in (as a tool's model fills it);
     None when they break the schema (no rule approves them then)."""
-    if not isinstance(arguments, dict) or schema_errors(schema, arguments):
-        return None
     checking = _Checking(schema)
+    if not isinstance(arguments, dict) or any(checking.check(schema, arguments, "", 0)):
+        return None
     properties = checking.resolve(schema, 0).get("properties")
     judged = dict(arguments)
     if isinstance(properties, dict):

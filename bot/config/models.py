@@ -488,9 +488,12 @@ class Rule(ReviewPolicy, _CoveredCalls):
         return rule.judge(arguments)
 
     def covers(self, tool: str, arguments: Mapping[str, Any] | None) -> bool:
-        """Whether this rule takes the call, failing closed by its outcome: a call it cannot
-        judge is taken by a review or deny rule and left by an approve rule (`judge`)."""
-        verdict = self.judge(tool, arguments)
+        """Whether this rule takes the call, failing closed by its outcome (`takes`)."""
+        return self.takes(self.judge(tool, arguments))
+
+    def takes(self, verdict: bool | None) -> bool:
+        """Whether this rule takes a call it judged so (`judge`): one it cannot judge is
+        taken by a review or deny rule and left by an approve rule."""
         return verdict is True or (verdict is None and self.decision != "approve")
 
 
@@ -880,10 +883,8 @@ class Config(ConfigModel):
         when they failed that validation."""
         for number, rule in enumerate(self.rules):
             verdict = rule.judge(tool, arguments)
-            if verdict is True:
-                return number, rule, True
-            if verdict is None and rule.decision != "approve":
-                return number, rule, False
+            if rule.takes(verdict):
+                return number, rule, verdict is True
         return None
 
     @property
