@@ -31,8 +31,10 @@ from nodbot.core import (
     DeliveryLost,
     NewDelivery,
     Outbox,
+    StoreError,
 )
 from nodbot.core.outbox import Opened
+from nodbot.core.retrying import until_written
 from nodbot.core.store import utc_now
 
 __all__ = [
@@ -229,9 +231,23 @@ class Dispatcher:
         delivery: Delivery,
         record: ApprovalRecord | None,
     ) -> bool:
+        """The task of one delivery: it never ends in an exception nobody looks at. What the
+        store could not record is left as it stands, claimed by this worker until its lease
+        runs out, and then claimed again (by this process or another): logged, not lost."""
         if before is not None:
             await asyncio.wait([before])
-        return await self._deliver(delivery, record)
+        try:
+            return await self._deliver(delivery, record)
+        except StoreError as exc:
+            log.warning(
+                "delivery %s left for a later attempt: the store failed (%s)",
+                delivery.delivery_id,
+                exc,
+            )
+        except Exception:
+            log.exception("delivery %s could not be handled", delivery.delivery_id)
+        self._due_later(self._clock() + timedelta(seconds=self.lease))
+        return False
 
     def _ended(self, approval_id: str, task: asyncio.Task[bool]) -> None:
         self._sending.discard(task)
@@ -378,11 +394,21 @@ class Dispatcher:
                 return False
             except (DeliveryError, ApprovalNotFound) as exc:
                 return await self._failed(delivery, exc)
+            except StoreError:
+                raise  # not the delivery's failure: it is tried again (`_deliver_after`)
             except Exception as exc:
                 log.exception("delivery %s to %s failed", delivery.delivery_id, delivery.target)
                 return await self._failed(delivery, DeliveryError(f"{type(exc).__name__}: {exc}"))
             try:
-                await self.store.delivered(delivery.delivery_id, worker=self.worker, ref=ref)
+                # Sent: the record is tried again while the store is unavailable, for as long
+                # as the claim holds (after that another worker may take the delivery over and
+                # send it again). A first attempt that landed though its answer was lost makes
+                # the next one find the delivery settled (`DeliveryLost`): sent once.
+                await until_written(
+                    lambda: self.store.delivered(delivery.delivery_id, worker=self.worker, ref=ref),
+                    what=f"recording delivery {delivery.delivery_id} sent",
+                    within=self.lease,
+                )
             except DeliveryLost as exc:
                 log.warning("delivered, but %s", exc)  # another worker took it over: it repeats
                 return False
@@ -409,7 +435,7 @@ class Dispatcher:
             },
         )
         self.counters["deliveries_failed"] += 1
-        try:
+        try:  # a StoreError: the claim runs out and the delivery is tried again (`_deliver_after`)
             await self.store.delivery_failed(
                 delivery.delivery_id, worker=self.worker, error=str(exc), retry_at=retry_at
             )

@@ -79,9 +79,9 @@ class Receiver:
 
 
 @contextlib.asynccontextmanager
-async def receiving() -> AsyncIterator[Receiver]:
-    """A receiver served by uvicorn on a free loopback port."""
-    receiver = Receiver()
+async def receiving(receiver: Receiver | None = None) -> AsyncIterator[Receiver]:
+    """A receiver (a new `Receiver` unless given) served by uvicorn on a free loopback port."""
+    receiver = Receiver() if receiver is None else receiver
     app = Starlette(routes=[Route("/hook", receiver.handle, methods=["POST"])])
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning"))
     task = asyncio.create_task(server.serve())
