@@ -14,8 +14,18 @@ and the repeat decides nothing twice (its Message-ID was recorded as processed i
 transaction that recorded what it did, see `inbound`; one stopped before that transaction
 committed processes it as new). A message the store could not take (`StoreError`) is left
 unmarked and tried again on the next round; one over `limits.EMAIL_BODY` bytes is marked
-unread, with a log line. A connection that fails is made again after a backoff (1 s doubling
-to 60 s), and `/healthz` says so while it fails.
+unread, with a log line; one over a limit of its shape (`reading.parse`: parts, nesting,
+header fields) is refused or dropped by `ingest` and marked as any other. A connection that
+fails is made again after a backoff (1 s doubling to 60 s), and `/healthz` says so while it
+fails.
+
+One message cannot stop the reader: when its processing raises anything else (a bug it
+meets), it is quarantined, logged as an error with its UID and Message-ID, and the reader
+goes on with the next one. A quarantined message is flagged seen and `$NodbotQuarantined`
+where the server keeps keywords (`\\*` in its PERMANENTFLAGS, as Dovecot's), and every
+search skips that keyword (`UNKEYWORD $NodbotQuarantined`), so it is not read again, after a
+restart either; taking the keyword off has it read again. Elsewhere it is flagged seen and
+skipped by this process only.
 
 IMAP is spoken over TLS from the start (`tls: tls`, port 993, RFC 8314) or in plain text on
 a trusted network (`tls: none`); STARTTLS is refused by the configuration (the client library
@@ -46,7 +56,10 @@ log = logging.getLogger(__name__)
 IDLE_RENEW = 29 * 60
 """Seconds an IDLE lasts at most (servers end it after 30 minutes, RFC 2177)."""
 MAX_BACKOFF = 60.0
+QUARANTINED = "$NodbotQuarantined"
+"""The keyword of a message whose processing failed (see the module); the reader skips it."""
 _SIZE = re.compile(rb"UID (\d+) RFC822\.SIZE (\d+)|RFC822\.SIZE (\d+) UID (\d+)")
+_PERMANENT_FLAGS = re.compile(rb"\[PERMANENTFLAGS \(([^)]*)\)\]")
 
 
 class ImapError(Exception):
@@ -69,7 +82,13 @@ class ImapReader:
         """Told why the mailbox cannot be read while it cannot, and None once it can."""
         self.processed = 0
         """Messages ingested by this reader (for tests and /metrics)."""
+        self.quarantined = 0
+        """Messages whose processing failed, set aside by this reader."""
         self._imap: Any = None
+        self._keywords = True
+        """The server keeps keywords such as `QUARANTINED` (its PERMANENTFLAGS)."""
+        self._set_aside: set[int] = set()
+        """UIDs quarantined in memory only, where the server keeps no keywords."""
 
     async def run(self, stop: asyncio.Event) -> None:
         """Read the mailbox until `stop` is set, connecting again after failures."""
@@ -102,16 +121,26 @@ class ImapReader:
         await self._disconnect()
 
     async def read_new(self) -> int:
-        """Ingest every message not processed yet, oldest first; how many were."""
+        """Ingest every message not processed yet, oldest first; how many were (or were
+        quarantined). Raises `StoreError` (the message is left for the next round), and
+        `ImapError` and the client's errors when the mailbox fails."""
         imap = self._imap
         criteria = ("ALL",) if self.config.processed_mailbox else ("UNSEEN",)
-        found = await self._ok(imap.uid_search(*criteria, "UNDELETED", charset=None), "SEARCH")
+        search = imap.uid_search(*criteria, "UNDELETED", "UNKEYWORD", QUARANTINED, charset=None)
+        found = await self._ok(search, "SEARCH")
         uids = sorted(int(uid) for line in found[:-1] for uid in line.split() if uid.isdigit())
         done = 0
-        for uid in uids:
+        for uid in (uid for uid in uids if uid not in self._set_aside):
             raw = await self._fetch(uid)
             if raw is not None:
-                outcome = await self.inbound.ingest(raw)  # StoreError: left for the next round
+                try:
+                    outcome = await self.inbound.ingest(raw)
+                except StoreError:
+                    raise  # left unmarked: read again once the store is back
+                except Exception as exc:  # a bug met by this message: the next ones go on
+                    await self._quarantine(uid, raw, exc)
+                    done += 1
+                    continue
                 log.info(
                     "email reply read from the mailbox",
                     extra={"uid": uid, "status": outcome.status, "reason": outcome.reason},
@@ -120,6 +149,24 @@ class ImapReader:
             self.processed += 1
             done += 1
         return done
+
+    async def _quarantine(self, uid: int, raw: bytes, error: Exception) -> None:
+        """Set aside the message `uid`, whose processing raised `error`: flagged seen and
+        `QUARANTINED`, or, on a server that keeps no keywords, seen and remembered here."""
+        log.error(
+            "email message quarantined: processing it failed",
+            exc_info=error,
+            extra={
+                "uid": uid,
+                "message_id": self.inbound.message_id_in(raw),
+                "error": repr(error)[:500],
+            },
+        )
+        flags = rf"(\Seen {QUARANTINED})" if self._keywords else r"(\Seen)"
+        if not self._keywords:
+            self._set_aside.add(uid)
+        await self._ok(self._imap.uid("store", str(uid), "+FLAGS.SILENT", flags), "STORE")
+        self.quarantined += 1
 
     # --- the connection --------------------------------------------------------------------
 
@@ -140,7 +187,8 @@ class ImapReader:
         await imap.wait_hello_from_server()
         if config.username is not None and config.password is not None:
             await self._ok(imap.login(config.username, config.password.get_secret_value()), "LOGIN")
-        await self._ok(imap.select(config.mailbox), f"SELECT {config.mailbox}")
+        selected = await self._ok(imap.select(config.mailbox), f"SELECT {config.mailbox}")
+        self._keywords = _keeps_keywords(selected)
 
     async def _disconnect(self) -> None:
         imap, self._imap = self._imap, None
@@ -213,6 +261,18 @@ class ImapReader:
     def _problem(self, reason: str | None) -> None:
         if self.on_problem is not None:
             self.on_problem(reason)
+
+
+def _keeps_keywords(selected: list[bytes]) -> bool:
+    """Whether the server keeps new keywords on the selected mailbox's messages: its
+    PERMANENTFLAGS has `\\*` (or `QUARANTINED` itself), or it sent none (RFC 3501: then
+    every flag is kept)."""
+    for line in selected:
+        found = _PERMANENT_FLAGS.search(line)
+        if found is not None:
+            flags = found.group(1).split()
+            return b"\\*" in flags or QUARANTINED.encode() in flags
+    return True
 
 
 def _size(lines: list[bytes]) -> int | None:

@@ -28,6 +28,17 @@ Every message that names a review but decides nothing leaves a `refused` event o
 reason and the Message-ID, so a reviewer's "I replied" can be checked in the audit log.
 Parsing and reading run off the event loop, over at most `limits.EMAIL_BODY` bytes, in time
 linear in their size.
+
+A message over a limit of `reading.parse` (more than `limits.EMAIL_PARTS` MIME parts, nested
+deeper than `EMAIL_DEPTH`, too many header fields or too long parsed ones) is parsed no
+further than the limit and read in its own header fields only: its token and sender are
+found there as for any message, and it decides nothing. From its verified reviewer it is
+refused with the limit as the reason (an event with its Message-ID, processed once,
+answered once); from anyone else it is refused or dropped as such a sender's message is,
+unanswered. Its `Outcome.too_complex` names the limit, and a log line says it with its
+Message-ID. One whose own header fields are over a limit is dropped unread, with a log line.
+What `ingest` raises (`StoreError`, or whatever a bug raises) is left to the door: each says
+what becomes of the message then.
 """
 
 from __future__ import annotations
@@ -37,7 +48,6 @@ import logging
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
-from email import message_from_bytes, policy
 from email.message import EmailMessage
 from typing import Any, Literal
 
@@ -48,9 +58,12 @@ from nodbot.bot.email.reading import (
     Approve,
     Deny,
     Edit,
+    MessageTooComplex,
     Refused,
     Sender,
     Unclear,
+    parse,
+    parse_head,
     reply_command,
     screen,
 )
@@ -82,6 +95,8 @@ CHANNEL = "email"
 
 
 _TOKEN_IN_ID = re.compile(rf"\.([a-z2-7]{{{TOKEN_LENGTH}}})@", re.IGNORECASE)
+_HEAD_END = re.compile(rb"\n\r?\n")
+_MESSAGE_ID_FIELD = re.compile(rb"^message-id:[ \t]*(<[!-;=?-~]{1,250}>)", re.I | re.M)
 
 
 @dataclass(frozen=True)
@@ -101,6 +116,9 @@ class Outcome:
     """The review as the decision left it (a vote leaves it pending), once decided."""
     answered: bool = False
     """An answer is on its way to the sender (only verified reviewers get one)."""
+    too_complex: str | None = None
+    """The limit the message is over (`reading.parse`), when it is: it was not read past its
+    own header fields, and the SMTP / LMTP listener refuses it (550 5.3.4)."""
 
     def as_json(self) -> dict[str, Any]:
         return {
@@ -127,6 +145,8 @@ class _Read:
     claimed: str
     """The From address as written (for the events of a refused message only)."""
     sender: Sender | Refused
+    too_complex: str | None
+    """The limit the message is over: `message` is then only its own header fields."""
 
 
 class Inbound:
@@ -157,6 +177,14 @@ class Inbound:
         local, _, domain = config.reply_to.rpartition("@")
         self._local, self._domain = local.lower(), domain.lower()
 
+    @staticmethod
+    def message_id_in(raw: bytes) -> str | None:
+        """The first Message-ID of `raw`'s own header fields, found without parsing it (for
+        the logs of a message that could not be read), or None."""
+        end = _HEAD_END.search(raw)
+        found = _MESSAGE_ID_FIELD.search(raw, 0, len(raw) if end is None else end.start())
+        return found.group(1).decode() if found is not None else None
+
     def is_reply_address(self, address: str) -> bool:
         """Whether `address` is the `reply_to` mailbox, with or without a +tag."""
         local, _, domain = address.strip().strip("<>").rpartition("@")
@@ -167,7 +195,25 @@ class Inbound:
         """Read `raw` (one RFC 5322 message) and decide its review if it says so.
         `recipients` are the envelope's (RCPT TO), when the message came over SMTP or LMTP:
         the plus address there names the review even when the headers do not."""
-        read = await asyncio.to_thread(self._read, raw, tuple(recipients))
+        try:
+            read = await asyncio.to_thread(self._read, raw, tuple(recipients))
+        except MessageTooComplex as exc:  # its own header fields are over a limit
+            message_id = self.message_id_in(raw)
+            log.warning(
+                "email message dropped unread: its header fields are over a limit",
+                extra={"reason": exc.reason, "message_id": message_id},
+            )
+            return Outcome("dropped", exc.reason, message_id=message_id, too_complex=exc.reason)
+        if read.too_complex is not None:
+            log.warning(
+                "email message over a limit: only its header fields are read",
+                extra={"reason": read.too_complex, "message_id": read.message_id},
+            )
+        outcome = await self._ingest(read)
+        return replace(outcome, too_complex=read.too_complex)
+
+    async def _ingest(self, read: _Read) -> Outcome:
+        """What the message `read` does (see the module), its answer sent if it gets one."""
         message_id, automatic, token = read.message_id, read.automatic, read.token
         if token is None:
             why = automatic or "no reply token in its addresses or Message-IDs"
@@ -203,9 +249,17 @@ class Inbound:
 
     def _read(self, raw: bytes, recipients: Sequence[str]) -> _Read:
         """What a message says of itself (run off the event loop: parsing is the costly
-        part, linear in the message's size)."""
-        parsed = message_from_bytes(raw, policy=policy.default)
-        assert isinstance(parsed, EmailMessage)  # policy.default makes EmailMessages
+        part, linear in the message's size and bounded by `reading.parse`'s limits). A
+        message over one is read in its own header fields only. Raises `MessageTooComplex`
+        when those alone are over one."""
+        too_complex = None
+        try:
+            parsed = parse(raw)
+        except MessageTooComplex as exc:
+            if exc.head:
+                raise
+            too_complex = exc.reason
+            parsed = parse_head(raw)
         ids = parsed.get_all("Message-ID") or []
         return _Read(
             message=parsed,
@@ -219,6 +273,7 @@ class Inbound:
                 trusted_authserv_id=self.config.trusted_authserv_id,
                 require_authenticated=self.config.require_authenticated_sender,
             ),
+            too_complex=too_complex,
         )
 
     async def _act(
@@ -244,6 +299,8 @@ class Inbound:
         except InvalidToken as exc:
             return await refuse(f"the reply token does not hold for {address}: {exc}")
         refuse.verified = True  # the reviewer the token was issued to: worth an answer
+        if read.too_complex is not None:
+            return await refuse(read.too_complex)  # unread: the reviewer is told why
         if record.decision is not None:
             by = f" by {record.decision.decided_by}" if record.decision.decided_by else ""
             return await refuse(f"the review was already decided{by}")

@@ -13,6 +13,10 @@ and Slack's signature checked on the raw bytes before anything parses them.
 
 A body over its route's limit is refused with 413 as soon as it is known: from its
 `Content-Length`, or while it is read, so no more than the limit is ever held.
+
+An inbound email is also held, while it is parsed, to at most 100 MIME parts nested 10 deep,
+200 header fields a part and 1,000 in all, and 16 KB of the fields the bot parses
+(`EMAIL_PARTS` and the constants after it), whichever door it came through.
 """
 
 from __future__ import annotations
@@ -33,6 +37,12 @@ __all__ = [
     "DECIDE_BODY",
     "DEFAULT_BODY",
     "EMAIL_BODY",
+    "EMAIL_DEPTH",
+    "EMAIL_HEADERS",
+    "EMAIL_HEADERS_TOTAL",
+    "EMAIL_HEADER_BYTES",
+    "EMAIL_HEADER_COMMENTS",
+    "EMAIL_PARTS",
     "MAX_JSON_DEPTH",
     "RUNS_BODY",
     "SLACK_BODY",
@@ -194,3 +204,30 @@ def _check_shape(data: Any) -> None:
                 raise _invalid(f"the body nests deeper than {MAX_JSON_DEPTH} levels")
             items = [*value.keys(), *value.values()] if isinstance(value, dict) else value
             stack.extend((item, depth + 1) for item in items)
+
+
+# --- inbound email: what one message may hold (`email.reading.parse`) ----------------------
+
+EMAIL_PARTS = 100
+"""The most MIME parts of one inbound email, the message itself counted: a reply has one to
+a few. Parsing stops at the one past it, so a message of 25,000 tiny parts (879 KB) costs
+what its first hundred do, and what reads it later walks at most this many."""
+EMAIL_DEPTH = 10
+"""How deeply the MIME parts of one inbound email may nest (a multipart or `message/rfc822`
+within another is one level down). The parser descends one generator per level, and a few
+thousand levels raise `RecursionError`; a reply needs two or three."""
+EMAIL_HEADERS = 200
+"""The most header fields of the message, or of any one of its parts. A reply that crossed
+many relays has 30 to 80 at the top; parts have a handful."""
+EMAIL_HEADERS_TOTAL = 1000
+"""The most header fields of the message and all its parts together."""
+EMAIL_HEADER_BYTES = 16 * KB
+"""The most bytes of the header fields the bot parses (addresses, Subject, Message-IDs,
+Authentication-Results, `Content-*`: `email.reading.PARSED_FIELDS`), summed over the message
+and its parts; a reply has 1 to 5 KB of them. The standard library parses an address list
+at about 5 ms of CPU per KB, so 16 KB of addresses take 90 ms to read (900 KB took 10 s);
+fields the bot never reads (Received, DKIM-Signature, ARC-*, X-*) are not counted."""
+EMAIL_HEADER_COMMENTS = 50
+"""The most comments (opening parentheses) in one header field the bot parses: comments nest,
+and the standard library parses nested ones recursively (about 450 levels raise
+`RecursionError`)."""
