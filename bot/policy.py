@@ -121,8 +121,9 @@ class RulesPort(DeferredApproval):
         clock: Callable[[], datetime] = utc_now,
         registry: ToolRegistry | None = None,
         authorize: Authorize | None = None,
+        in_flight_wait: float | None = None,
     ) -> None:
-        super().__init__(store)
+        super().__init__(store, in_flight_wait=in_flight_wait)
         self.config = config
         self._clock = clock
         self.registry = registry
@@ -413,9 +414,18 @@ def rules_executor(
     clock: Callable[[], datetime] = utc_now,
     authorize: Authorize | None = None,
 ) -> Executor:
-    """An executor over `registry` that puts every call to the rules of `config`; `clock`
-    dates the deadlines of new reviews, `authorize` checks the reviewers of remembered
-    approvals (`RulesPort`)."""
+    """An executor over `registry` that puts every call to the rules of `config`, for the
+    steps of durable runs; `clock` dates the deadlines of new reviews, `authorize` checks
+    the reviewers of remembered approvals (`RulesPort`). A call found in flight (an earlier
+    step of its run consumed its decision and kept no result yet) is waited for for one
+    `workers.lease` before it is denied (`DeferredApproval`'s `in_flight_wait`)."""
     every_call: Sequence[InterruptRule] = (InterruptRule(tool="*"),)
-    port = RulesPort(config, store, clock=clock, registry=registry, authorize=authorize)
+    port = RulesPort(
+        config,
+        store,
+        clock=clock,
+        registry=registry,
+        authorize=authorize,
+        in_flight_wait=float(config.workers.lease),
+    )
     return Executor(registry, approval=port, rules=every_call)

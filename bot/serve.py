@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
+import functools
 import gc
 import logging
 import socket
@@ -39,6 +40,7 @@ from nodbot.bot.service import BotService
 from nodbot.bot.slack.channel import SlackChannel
 from nodbot.bot.slack.reviews import SlackReviews, connect_socket_mode
 from nodbot.bot.store import store_for
+from nodbot.bot.supervise import Supervisor
 from nodbot.bot.web import WebInbox
 from nodbot.bot.webhooks import WebhookChannel
 from nodbot.core import ToolRegistry
@@ -47,6 +49,9 @@ from nodbot.core.outbound import outbound_session
 __all__ = ["CannotListen", "Served", "serve", "serving"]
 
 log = logging.getLogger(__name__)
+
+LISTENER_LOOK = 1.0
+"""Seconds between two looks at whether the SMTP / LMTP listener still serves."""
 
 
 @dataclass(frozen=True)
@@ -64,6 +69,8 @@ class Served:
     """The web inbox under /inbox."""
     mail_port: int | None = None
     """The port of the SMTP / LMTP listener of `email.inbound.listen`, when there is one."""
+    supervisor: Supervisor | None = None
+    """What keeps the bot's long-lived tasks running (`bot.supervise`)."""
 
     def sign_in_link(self, principal: str) -> str:
         """A link that signs `principal` in to this bot's web inbox. It is signed with the
@@ -199,10 +206,12 @@ async def _serving(
         server = _Server(config_of_server)
         stop = asyncio.Event()
         serving_task = asyncio.create_task(server.serve(sockets=[listening]))
-        working_task = asyncio.create_task(service.work(stop))
+        # The rest is kept running (`bot.supervise`): restarted when it ends, and said down
+        # by /healthz meanwhile. The HTTP server is not: its end is the bot's.
+        supervisor = Supervisor(stop, service.health.task_down)
+        supervisor.start("workers", lambda: service.work(stop))
         socket_mode = None
         listener = None
-        reading_task = None
         frozen = False
         try:
             await _started(server, serving_task)
@@ -210,11 +219,13 @@ async def _serving(
             if inbound is not None and email_in is not None and email_in.listen is not None:
                 listener = MailListener(inbound, email_in)
                 await listener.start()
+                listener.port = listener.bound_port  # listened again on it, port 0 or not
+                supervisor.start("email listener", functools.partial(_listening, listener, stop))
             if inbound is not None and email_in is not None and email_in.imap is not None:
                 reader = ImapReader(
                     inbound, email_in.imap, on_problem=service.health.mailbox_problem
                 )
-                reading_task = asyncio.create_task(reader.run(stop))
+                supervisor.start("email reader", functools.partial(reader.run, stop))
             if slack is not None and config.slack is not None and config.slack.mode == "socket":
                 socket_mode = await connect_socket_mode(slack, config.slack)
             bound_host, bound_port = server.servers[0].sockets[0].getsockname()[:2]
@@ -226,7 +237,9 @@ async def _serving(
             gc.collect()
             gc.freeze()
             frozen = True
-            yield Served(url, store.display_url, service, serving_task, inbox, mail_port)
+            yield Served(
+                url, store.display_url, service, serving_task, inbox, mail_port, supervisor
+            )
         finally:
             if frozen:
                 gc.unfreeze()  # a process that serves a bot in passing (tests) collects it all
@@ -236,8 +249,7 @@ async def _serving(
                 await socket_mode.close_async()  # type: ignore[no-untyped-call]
             server.should_exit = True
             stop.set()
-            tasks = [serving_task, working_task, *([reading_task] if reading_task else [])]
-            await asyncio.gather(*tasks, return_exceptions=True)
+            await asyncio.gather(serving_task, supervisor.wait(), return_exceptions=True)
             if answers is not None:
                 await answers.close()
             await service.close()
@@ -245,6 +257,19 @@ async def _serving(
         if outbound is not None:
             await outbound.close()  # after the channels (service.close), which used it
         await store.close()
+
+
+async def _listening(listener: MailListener, stop: asyncio.Event) -> None:
+    """The SMTP / LMTP listener's supervised task: listening again (on the port it had)
+    when it was not, and ending (so that it is listened again) when its server stops
+    serving before `stop` is set."""
+    if not listener.serving:
+        await listener.start()
+    while not stop.is_set():
+        if not listener.serving:
+            raise OSError(f"the listener on port {listener.port} stopped serving")
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), LISTENER_LOOK)
 
 
 def _own_url(listening: socket.socket) -> str:

@@ -33,6 +33,7 @@ from nodbot.bot.policy import Authorize, RulesPort, rules_executor
 from nodbot.core import (
     Agent,
     ApprovalRecord,
+    CallInFlight,
     Executor,
     RunConflict,
     RunRecord,
@@ -43,6 +44,7 @@ from nodbot.core import (
 )
 from nodbot.core.bridges.hosted import HostedAgent, RunStates
 from nodbot.core.sqlstore.notices import Listening
+from nodbot.core.store import IdempotencyKey
 
 __all__ = ["BotService", "BotStore", "UnknownAgentError", "WorkerHealth"]
 
@@ -86,6 +88,10 @@ ADMIT_PAUSE = 0.001
 ADMIT_WAIT_MOST = 1.0
 """Seconds a new run waits for its start at most: a bot that stays busy still starts runs."""
 
+IN_FLIGHT_LOOK = 0.5
+"""Seconds between two looks at a run whose call is in flight in an earlier step, for the
+result that step keeps (`core.ports.DeferredApproval`'s `in_flight_wait`)."""
+
 UNHEALTHY_AFTER = 2
 """Failed steps in a row after which the workers count as down (one can be a blip)."""
 
@@ -104,6 +110,8 @@ class WorkerHealth:
     """Why the mailbox of `email.inbound.imap` cannot be read, while it cannot."""
     lanes: dict[str, tuple[int, str]] = field(default_factory=dict)
     """Per lane of the workers (runs, outbox) that is failing: its failures and last error."""
+    down: dict[str, str] = field(default_factory=dict)
+    """The long-lived tasks of `nodbot serve` that are down, and why (`bot.supervise`)."""
 
     @property
     def failures(self) -> int:
@@ -122,14 +130,21 @@ class WorkerHealth:
     def mailbox_problem(self, reason: str | None) -> None:
         self.mailbox = reason
 
+    def task_down(self, name: str, why: str | None) -> None:
+        """Note that the task `name` is down and why, or (None) that it is running again."""
+        if why is None:
+            self.down.pop(name, None)
+        else:
+            self.down[name] = why
+
     def succeeded(self, lane: str = "runs") -> None:
         self.lanes.pop(lane, None)
         self.stepped = True
 
     def problems(self) -> list[str]:
         """What is wrong, in words; empty when the workers are well."""
-        found = []
-        if not self.running:
+        found = [f"the {name} is down: {why}" for name, why in sorted(self.down.items())]
+        if not self.running and "workers" not in self.down:
             found.append("the workers are not running")
         elif self.failures >= UNHEALTHY_AFTER:
             found.append(f"the workers' last {self.failures} steps failed: {self.error}")
@@ -232,15 +247,31 @@ class BotService:
             raise UnknownAgentError(name, sorted([*self.agents, *self.hosted])) from None
 
     async def start_run(
-        self, agent: str, text: str, requested_by: str | None, *, started_by: str | None = None
+        self,
+        agent: str,
+        text: str,
+        requested_by: str | None,
+        *,
+        started_by: str | None = None,
+        idempotency: IdempotencyKey | None = None,
     ) -> RunRecord:
         """Start a run of `agent` on `text` and take it as far as it goes without a person;
-        `started_by` who started it for `requested_by`, when another did."""
-        run, _ = await self.begin_run(agent, text, requested_by, started_by=started_by)
+        `started_by` who started it for `requested_by`, when another did. With
+        `idempotency` (`POST /runs`' key), the run is written at once with the key: raises
+        `IdempotencyKeyUsed`, starting nothing, when the key is stored already."""
+        run, _ = await self.begin_run(
+            agent, text, requested_by, started_by=started_by, idempotency=idempotency
+        )
         return run
 
     async def begin_run(
-        self, agent: str, text: str, requested_by: str | None, *, started_by: str | None = None
+        self,
+        agent: str,
+        text: str,
+        requested_by: str | None,
+        *,
+        started_by: str | None = None,
+        idempotency: IdempotencyKey | None = None,
     ) -> tuple[RunRecord, list[ApprovalRecord] | None]:
         """`start_run`, and the reviews the run waits for when its first step paused it, as
         read once for the caller to show (None: not read). While the workers run, those
@@ -260,6 +291,8 @@ class BotService:
             self.counters["runs_started"] += 1
             self._changed(run.run_id)
             self._outbox_wake.set()  # its calls may wait for review now: announce them
+            if idempotency is not None:  # HostedRuns writes its run itself: the key after it
+                await self.store.keep_key(idempotency, run.run_id)
             return run, None
         chosen = self.agent(agent)
         # A draft: the run, the reviews its first step opens and the step's save are written
@@ -274,6 +307,7 @@ class BotService:
             lease=self.lease,
             started_by=started_by,
             announcer=self.dispatcher if self.health.running else None,
+            idempotency=idempotency,  # written at once with its key, then: no draft
         )
         self.counters["runs_started"] += 1
         try:
@@ -471,6 +505,11 @@ class BotService:
 
     async def _listen(self) -> None:
         listen = getattr(self.store, "listen", None)  # the memory store has no notices
+        listening = self.health.listening
+        if listening is not None and listening.ended:  # it gave up: listen again
+            await listening()
+            self.health.listening = None
+            log.warning("listening to the database's notices again")
         if self.health.listening is None and listen is not None:
             self.health.listening = await listen(self.decided)
 
@@ -526,6 +565,9 @@ class BotService:
     async def _advance_in_lane(self, run: RunRecord) -> None:
         try:
             run = await self._advance(run)
+        except CallInFlight:
+            self._look_again_later()  # tried again (`_again`): no failure of the store
+            return
         except StoreError as exc:
             # Tried again (`_again`) by the next step, which this failure fails first.
             self._lane_failure = self._lane_failure or exc
@@ -594,9 +636,18 @@ class BotService:
             self._unsaved.discard(run_id)
             if run.status != "running" or run.claimed_by != self.worker:
                 continue  # saved after all (its answer was lost), or taken over since
-            await self._advance(run)
+            try:
+                await self._advance(run)
+            except CallInFlight:
+                self._look_again_later()  # still in flight: kept in `_unsaved`
+                continue
             advanced += 1
         return advanced
+
+    def _look_again_later(self) -> None:
+        """Wake the runs' lane in `IN_FLIGHT_LOOK` seconds, for the runs whose calls are in
+        flight in an earlier step (`CallInFlight`), which wait in `_unsaved` meanwhile."""
+        asyncio.get_running_loop().call_later(IN_FLIGHT_LOOK, self._wake.set)
 
     async def _advance(self, run: RunRecord) -> RunRecord:
         before = run.status

@@ -67,16 +67,29 @@ except CallDenied as denied:
   call id opens a new review instead of running again, so no decision runs a call twice. If
   a process crashed after taking a decision (whether or not its function had run), its retry
   is reviewed anew; the reviewer decides again, knowing the first one may have run.
+
+## Retries
+
+`request` and `start_run` (which starts a run of one of the bot's agents, `POST /runs`) send
+an `Idempotency-Key`, a new random one per call, and send the request again with the same
+key when the bot could not be reached or its answer was lost (a connection error, a
+timeout) or it answered 502, 503 or 504: `tries` times in all (`TRIES`, 3), pausing
+`RETRY_PAUSE` seconds (0.5) before the second and twice as long before each next one. The
+bot makes one approval or one run per key, so a request whose first answer was lost after
+the bot had written what it asked for gets what the first made, not a second one. `tries=1`
+sends it once. The other calls are reads, or, as `consume`, refused when repeated.
 """
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import inspect
 import math
+import secrets
 import threading
 import time
-from collections.abc import Awaitable, Callable, Coroutine, Mapping
+from collections.abc import Awaitable, Callable, Coroutine, Iterator, Mapping
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, ParamSpec, TypeAlias, TypeVar, get_type_hints
@@ -89,6 +102,10 @@ from nodbot.core.errors import ApprovalDenied, InvalidArgumentsError, NodbotErro
 from nodbot.core.tools import arguments_digest
 
 __all__ = [
+    "IDEMPOTENCY_HEADER",
+    "RETRIED_STATUSES",
+    "RETRY_PAUSE",
+    "TRIES",
     "Approval",
     "ApprovalClient",
     "ApprovalClientError",
@@ -97,12 +114,23 @@ __all__ = [
     "Consumed",
     "DecisionAlreadyTaken",
     "DecisionTimeout",
+    "Run",
     "SyncApprovalClient",
     "UntrustedDecision",
 ]
 
 MAX_WAIT = 60.0
 """The longest wait one request asks of the bot; longer waits ask again."""
+IDEMPOTENCY_HEADER = "Idempotency-Key"
+"""The header with which the bot makes one run or one approval of a request sent again."""
+TRIES = 3
+"""How many times `request` and `start_run` send their request at most (see the module)."""
+RETRY_PAUSE = 0.5
+"""Seconds before the second try; each next one waits twice as long as the one before."""
+RETRIED_STATUSES = frozenset({502, 503, 504})
+"""The answers after which a request is sent again: a proxy or the bot unable to serve it now."""
+_LOST = (httpx.TimeoutException, httpx.NetworkError, httpx.RemoteProtocolError)
+"""The failures after which a request is sent again: the bot not reached, or its answer lost."""
 
 
 class ApprovalClientError(NodbotError):
@@ -185,6 +213,35 @@ class Approval:
 
 
 @dataclass(frozen=True)
+class Run:
+    """A run of one of the bot's agents as the bot shows it (`start_run`, `POST /runs`)."""
+
+    run_id: str
+    agent: str
+    status: str
+    """`running`, `waiting` (for the reviews in `pending`), `finished` or `failed`."""
+    requested_by: str | None
+    final_text: str | None
+    """The agent's answer, once the run has finished."""
+    error: str | None
+    """Why the run failed, when it did."""
+    pending: list[Approval]
+    """The reviews the run waits for."""
+
+    @classmethod
+    def of(cls, body: dict[str, Any]) -> Run:
+        return cls(
+            run_id=body["run_id"],
+            agent=body["agent"],
+            status=body["status"],
+            requested_by=body.get("requested_by"),
+            final_text=body.get("final_text"),
+            error=body.get("error"),
+            pending=[Approval.of(each) for each in body.get("pending") or []],
+        )
+
+
+@dataclass(frozen=True)
 class Consumed:
     """A decision, handed out once, as its verified one-use token carries it: every field
     but `token` comes from the signed claims (the arguments are bound by their digests)."""
@@ -245,6 +302,31 @@ def _request_body(
         if value is not None:
             body[key] = value
     return body
+
+
+def _run_body(agent: str, text: str, requested_by: str | None) -> dict[str, Any]:
+    body: dict[str, Any] = {"agent": agent, "input": text}
+    if requested_by is not None:
+        body["requested_by"] = requested_by
+    return body
+
+
+def _tries(tries: int) -> Iterator[tuple[bool, float]]:
+    """For each of `tries` tries: whether it is the last, and the pause after it (when it
+    is not, and it failed so that it may be sent again)."""
+    if tries < 1:
+        raise ValueError(f"tries must be at least 1, not {tries}")
+    for number in range(tries):
+        yield number == tries - 1, RETRY_PAUSE * 2**number
+
+
+def _key_headers() -> dict[str, str]:
+    """A new idempotency key: one per logical request, sent with each of its tries."""
+    return {IDEMPOTENCY_HEADER: secrets.token_urlsafe(24)}
+
+
+def _unreachable(exc: httpx.HTTPError) -> ApprovalClientError:
+    return ApprovalClientError(f"the bot could not be reached: {exc}")
 
 
 def _answer(response: httpx.Response, *, taking: bool = False) -> dict[str, Any]:
@@ -572,11 +654,23 @@ class ApprovalClient:
         schema: dict[str, Any] | None = None,
         requested_by: str | None = None,
         description: str | None = None,
+        tries: int = TRIES,
     ) -> Approval:
         """Put the call to the bot's rules: decided at once, or a review opened (asking again
-        for the same call gives the same approval)."""
+        for the same call gives the same approval). Sent up to `tries` times with one
+        idempotency key (see the module)."""
         body = _request_body(tool, arguments, run_id, call_id, schema, requested_by, description)
-        return Approval.of(_answer(await self._send("POST", "/approvals", json=body)))
+        return Approval.of(_answer(await self._send_keyed("/approvals", body, tries)))
+
+    async def start_run(
+        self, agent: str, input: str, *, requested_by: str | None = None, tries: int = TRIES
+    ) -> Run:
+        """Start a run of the bot's agent `agent` on `input` (`POST /runs`, with the scope
+        runs:write; `requested_by` needs runs:write-as unless it is the token's own name):
+        the run as far as it went without a person. Sent up to `tries` times with one
+        idempotency key (see the module), so it starts one run."""
+        body = _run_body(agent, input, requested_by)
+        return Run.of(_answer(await self._send_keyed("/runs", body, tries)))
 
     async def get(self, approval_id: str, *, wait: float = 0) -> Approval:
         path = f"/approvals/{approval_id}"
@@ -662,7 +756,25 @@ class ApprovalClient:
         try:
             return await self._http.request(method, path, **options)
         except httpx.HTTPError as exc:
-            raise ApprovalClientError(f"the bot could not be reached: {exc}") from exc
+            raise _unreachable(exc) from exc
+
+    async def _send_keyed(self, path: str, body: dict[str, Any], tries: int) -> httpx.Response:
+        """POST `body` with a new idempotency key, again with the same key after a lost
+        answer or a 502, 503 or 504, `tries` times at most."""
+        headers = _key_headers()
+        for last, pause in _tries(tries):
+            try:
+                response = await self._http.post(path, json=body, headers=headers)
+            except _LOST as exc:
+                if last:
+                    raise _unreachable(exc) from exc
+            except httpx.HTTPError as exc:
+                raise _unreachable(exc) from exc
+            else:
+                if last or response.status_code not in RETRIED_STATUSES:
+                    return response
+            await asyncio.sleep(pause)
+        raise AssertionError("unreachable")  # the last try returns or raises
 
 
 class SyncApprovalClient:
@@ -697,9 +809,18 @@ class SyncApprovalClient:
         schema: dict[str, Any] | None = None,
         requested_by: str | None = None,
         description: str | None = None,
+        tries: int = TRIES,
     ) -> Approval:
+        """`ApprovalClient.request`, blocking."""
         body = _request_body(tool, arguments, run_id, call_id, schema, requested_by, description)
-        return Approval.of(_answer(self._send("POST", "/approvals", json=body)))
+        return Approval.of(_answer(self._send_keyed("/approvals", body, tries)))
+
+    def start_run(
+        self, agent: str, input: str, *, requested_by: str | None = None, tries: int = TRIES
+    ) -> Run:
+        """`ApprovalClient.start_run`, blocking."""
+        body = _run_body(agent, input, requested_by)
+        return Run.of(_answer(self._send_keyed("/runs", body, tries)))
 
     def get(self, approval_id: str, *, wait: float = 0) -> Approval:
         path = f"/approvals/{approval_id}"
@@ -777,4 +898,21 @@ class SyncApprovalClient:
         try:
             return self._http.request(method, path, **options)
         except httpx.HTTPError as exc:
-            raise ApprovalClientError(f"the bot could not be reached: {exc}") from exc
+            raise _unreachable(exc) from exc
+
+    def _send_keyed(self, path: str, body: dict[str, Any], tries: int) -> httpx.Response:
+        """`ApprovalClient._send_keyed`, blocking."""
+        headers = _key_headers()
+        for last, pause in _tries(tries):
+            try:
+                response = self._http.post(path, json=body, headers=headers)
+            except _LOST as exc:
+                if last:
+                    raise _unreachable(exc) from exc
+            except httpx.HTTPError as exc:
+                raise _unreachable(exc) from exc
+            else:
+                if last or response.status_code not in RETRIED_STATUSES:
+                    return response
+            time.sleep(pause)
+        raise AssertionError("unreachable")  # the last try returns or raises

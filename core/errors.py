@@ -23,7 +23,8 @@ NodbotError
 ├── InvalidDecisionError           an answer that claims to be a decision but is malformed
 ├── StoreError                     the approval store's database cannot be used
 │   ├── StoreUnavailableError      it cannot be reached, opened or written
-│   └── StoreSchemaError           its schema is missing, older or newer than this nodbot's
+│   ├── StoreSchemaError           its schema is missing, older or newer than this nodbot's
+│   └── CallInFlight               a run's call is in flight elsewhere: its result may come
 └── ConfigurationError             a tool, rule, predicate or port is set up wrongly
 ```
 
@@ -46,6 +47,7 @@ __all__ = [
     "ApprovalNotDecided",
     "ApprovalNotFound",
     "ApprovalPending",
+    "CallInFlight",
     "ConfigurationError",
     "DeliveryLost",
     "InvalidArgumentsError",
@@ -143,14 +145,19 @@ class ApprovalMismatchError(ToolUsageError):
 
 
 class ToolExecutionError(NodbotError):
-    """The tool raised. The original exception is the `__cause__`."""
+    """The tool raised. The original exception is the `__cause__` (none when the failure
+    was kept by an earlier step, `message` then says it as it was said)."""
 
     kind = "tool-failed"
 
-    def __init__(self, *, tool: str, error: BaseException) -> None:
-        super().__init__(f"tool {tool!r} failed: {type(error).__name__}: {error}")
+    def __init__(
+        self, *, tool: str, error: BaseException | None = None, message: str | None = None
+    ) -> None:
+        if message is None:
+            message = f"tool {tool!r} failed: {type(error).__name__}: {error}"
+        super().__init__(message)
         self.tool = tool
-        self.error_type = type(error).__name__
+        self.error_type = type(error).__name__ if error is not None else "kept"
 
     def details(self) -> dict[str, Any]:
         return {"tool": self.tool, "error_type": self.error_type}
@@ -389,6 +396,26 @@ class StoreSchemaError(StoreError):
     off, older with auto-migration off, or newer than this nodbot knows."""
 
     kind = "store-schema"
+
+
+class CallInFlight(StoreError):
+    """A durable run's call whose decision an earlier step consumed, with no result kept
+    yet: that step's worker may be alive and keeping it through an outage, so the step that
+    found it is tried again later (`DeferredApproval`'s `in_flight_wait`), as after any
+    store failure; nothing ran."""
+
+    kind = "call-in-flight"
+
+    def __init__(self, *, approval_id: str, left: float) -> None:
+        super().__init__(
+            f"the call of approval {approval_id} is in flight in an earlier step; its result "
+            f"is waited for {left:.1f} s more before the call is denied",
+            url="",
+        )
+        self.approval_id = approval_id
+
+    def details(self) -> dict[str, Any]:
+        return {"approval_id": self.approval_id}
 
 
 class ConfigurationError(NodbotError):

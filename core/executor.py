@@ -22,6 +22,8 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
+from pydantic_core import to_jsonable_python
+
 from nodbot.core.arguments_schema import schema_errors
 from nodbot.core.calls import ToolCall, ToolContext, ToolError, ToolResult, new_id
 from nodbot.core.decisions import as_decision, merge_edit
@@ -43,7 +45,7 @@ from nodbot.core.ports import (
     Waiting,
 )
 from nodbot.core.rules import InterruptRule, should_interrupt
-from nodbot.core.store import ApprovalRecord, ApprovalRequest, Evidence
+from nodbot.core.store import ApprovalRecord, ApprovalRequest, Evidence, KeptResult
 from nodbot.core.tools import Tool, ToolRegistry, ValidatedArguments, arguments_digest
 
 __all__ = ["Executor"]
@@ -231,13 +233,25 @@ class Executor:
     ) -> tuple[Any, dict[str, Any]]:
         assert self.approval is not None
         outcome = "cancelled"
+        result: KeptResult | None = None
         try:
+            if answer.kept is not None:
+                value, arguments = _kept(tool, answer.kept)  # an earlier step ran it
+                outcome = "ok"
+                return value, arguments
             edited = answer.decision.edited_args
             if edited is not None:
                 merged = merge_edit(validated.canonical, edited)
                 validated = tool.validate(merged, source="edited arguments")
-            value = await self._invoke(tool, validated, ctx)
+            try:
+                value = await self._invoke(tool, validated, ctx)
+            except ToolExecutionError as failed:
+                result = {"status": "error", "message": failed.message}
+                result["arguments"] = validated.canonical
+                raise
             outcome = "ok"
+            result = {"status": "ok", "value": to_jsonable_python(value, fallback=str)}
+            result["arguments"] = validated.canonical
             return value, validated.canonical
         except NodbotError as error:
             outcome = error.kind
@@ -245,7 +259,7 @@ class Executor:
         finally:
             # The decision is spent whatever happened: it must never run a second call.
             if ctx.spent is not None and isinstance(self.approval, DeferredApproval):
-                spent = self.approval.spent(answer, outcome=outcome)
+                spent = self.approval.spent(answer, outcome=outcome, result=result)
                 if spent is not None:
                     ctx.spent.append(spent)  # recorded by whoever collects them
             else:
@@ -256,6 +270,17 @@ class Executor:
             return await tool.invoke(validated.values, ctx)
         except Exception as exc:
             raise ToolExecutionError(tool=tool.name, error=exc) from exc
+
+
+def _kept(tool: Tool, kept: KeptResult) -> tuple[Any, dict[str, Any]]:
+    """The value and arguments of a call an earlier step ran (`Decided.kept`), or the
+    error it ended in, raised again."""
+    arguments = kept.get("arguments")
+    arguments = dict(arguments) if isinstance(arguments, dict) else {}
+    if kept.get("status") == "ok":
+        return kept.get("value"), arguments
+    message = str(kept.get("message") or f"tool {tool.name!r} failed")
+    raise ToolExecutionError(tool=tool.name, message=message)
 
 
 def _error(error: NodbotError) -> ToolError:

@@ -13,14 +13,21 @@ from __future__ import annotations
 import functools
 import inspect
 import logging
+import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol, TypeAlias, runtime_checkable
 
 from nodbot.core.decisions import Decision, as_decision
-from nodbot.core.errors import ApprovalMismatchError
+from nodbot.core.errors import ApprovalMismatchError, CallInFlight
 from nodbot.core.retrying import until_written
-from nodbot.core.store import CONCURRENT_USE_REASON, ApprovalRecord, ApprovalRequest, ApprovalStore
+from nodbot.core.store import (
+    CONCURRENT_USE_REASON,
+    ApprovalRecord,
+    ApprovalRequest,
+    ApprovalStore,
+    KeptResult,
+)
 
 __all__ = [
     "NO_PORT_REASON",
@@ -46,6 +53,10 @@ class Decided:
     decision: Decision
     approval_id: str | None = None
     """The stored approval the decision came from, if any."""
+    kept: KeptResult | None = None
+    """The result of the call's run, kept with the consumed approval by a process that ran
+    it and could not save its run (`ApprovalStore.keep_results`): the call is answered with
+    it, and the tool is not run again."""
 
 
 @dataclass(frozen=True)
@@ -66,6 +77,9 @@ class Spent:
 
     approval_id: str
     outcome: str
+    result: KeptResult | None = None
+    """What the call gave (`KeptResult`), kept with the approval when the step that ran it
+    cannot be saved (`DeferredApproval.keep_spent`); None where nobody needs it."""
 
 
 @runtime_checkable
@@ -136,17 +150,34 @@ class DeferredApproval:
     - A record for another tool or other arguments: `ApprovalMismatchError` (fail closed).
     - Decided: the decision is consumed. A call that loses the race for it, or comes while
       the winner still runs, is denied with "approval already used by a concurrent request".
+    - Consumed by a call that ran and kept its result (`keep_spent`: its step could not be
+      saved): answered with that result; the tool does not run again.
     - Finished: history; the same call asked again opens a new review.
+
+    With `in_flight_wait` (a durable run's worker: its lease), a call found in use with no
+    result kept is not denied at once: for that many seconds after this port first found
+    it so, asking raises `CallInFlight` (a `StoreError`: the step is tried again later),
+    since the worker whose step consumed the decision may be alive, its tool done, and its
+    result on the way through an outage. Then it is denied as above (that worker died with
+    its tool running: nobody can tell whether it ran).
     """
 
     def __init__(
-        self, store: ApprovalStore, *, actor: str | None = None, settle_within: float = 60.0
+        self,
+        store: ApprovalStore,
+        *,
+        actor: str | None = None,
+        settle_within: float = 60.0,
+        in_flight_wait: float | None = None,
     ) -> None:
         self.store = store
         self.actor = actor
         self.settle_within = settle_within
         """How long `settle` tries again while the store is unavailable: the tool has run,
         and its decision must be recorded as spent."""
+        self.in_flight_wait = in_flight_wait
+        self._in_flight: dict[str, float] = {}
+        """Calls found in flight, by approval id: when (`time.monotonic`) first."""
 
     async def request(self, request: ApprovalRequest) -> PortAnswer:
         claim = await self.store.claim(request, actor=self.actor)
@@ -156,21 +187,53 @@ class DeferredApproval:
         if claim.outcome == "pending":
             return Waiting(record.approval_id)
         if claim.outcome == "in_use":
+            self._wait_in_flight(record.approval_id)
             return Decided(_denied(CONCURRENT_USE_REASON, "nodbot"), record.approval_id)
         assert record.decision is not None  # a claim only takes decided records
+        if claim.outcome == "ran":
+            self._in_flight.pop(record.approval_id, None)
+            return Decided(record.decision, record.approval_id, kept=claim.result)
         return Decided(record.decision, record.approval_id)
+
+    def _wait_in_flight(self, approval_id: str) -> None:
+        """Raise `CallInFlight` while the call found in use may yet get its result kept."""
+        if self.in_flight_wait is None:
+            return
+        now = time.monotonic()
+        first = self._in_flight.setdefault(approval_id, now)
+        left = first + self.in_flight_wait - now
+        if left > 0:
+            raise CallInFlight(approval_id=approval_id, left=left)
+        del self._in_flight[approval_id]  # waited long enough: denied
 
     async def settle(self, answer: Decided, *, outcome: str) -> None:
         spent = self.spent(answer, outcome=outcome)
         if spent is not None:
             await self.settle_spent([spent])
 
-    def spent(self, answer: Decided, *, outcome: str) -> Spent | None:
+    def spent(
+        self, answer: Decided, *, outcome: str, result: KeptResult | None = None
+    ) -> Spent | None:
         """What `settle` records for `answer`: its approval finished, when an approval of the
-        store decided the call (a denial is finished when it is taken)."""
+        store decided the call (a denial is finished when it is taken); with the call's
+        `result`, for `keep_spent`."""
         if answer.approval_id is not None and answer.decision.approved:
-            return Spent(answer.approval_id, outcome)
+            return Spent(answer.approval_id, outcome, result)
         return None
+
+    async def keep_spent(self, spent: Sequence[Spent], *, within: float) -> None:
+        """Keep the results of calls that ran with their approvals (`keep_results`), for a
+        step that cannot be saved: trying again for up to `within` seconds while the store
+        is unavailable. Whoever resumes the run then answers those calls with the results
+        kept, and finishes their approvals with its save."""
+        kept = [(each.approval_id, each.result) for each in spent if each.result is not None]
+        if kept:
+            await until_written(
+                functools.partial(self.store.keep_results, kept),
+                what=f"keeping the results of approvals {', '.join(k[0] for k in kept)}",
+                within=within,
+            )
+        await self.settle_spent([each for each in spent if each.result is None])
 
     async def settle_spent(self, spent: Sequence[Spent]) -> None:
         """Record each approval as finished, one by one, trying again while the store is

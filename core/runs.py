@@ -21,19 +21,25 @@ keep leases longer than a run's longest step.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Literal, Protocol, TypeAlias, runtime_checkable
 
 from nodbot.core.calls import new_id
-from nodbot.core.errors import RunConflict, RunNotFound, StoreError
+from nodbot.core.errors import RunConflict, RunNotFound, StoreError, StoreUnavailableError
 from nodbot.core.executor import Executor
 from nodbot.core.loop import Agent, Message, run_tool_loop
 from nodbot.core.outbox import Announcer, Opened
 from nodbot.core.ports import DeferredApproval, Spent
 from nodbot.core.retrying import until_written
-from nodbot.core.store import MemoryApprovalStore, utc_now
+from nodbot.core.store import (
+    IdempotencyKey,
+    IdempotencyKeyUsed,
+    KeptKey,
+    MemoryApprovalStore,
+    utc_now,
+)
 
 __all__ = [
     "DEFAULT_LEASE",
@@ -49,6 +55,9 @@ Clock: TypeAlias = Callable[[], datetime]
 
 DEFAULT_LEASE = 300.0
 """Seconds a worker holds a claimed run before another may take it over."""
+KEEP_TRYING = 3600.0
+"""Seconds a worker goes on trying to write what its step's tools did (the results kept,
+then the save) through an outage of the store, past its claim: while the process lives."""
 
 
 @dataclass(frozen=True)
@@ -96,9 +105,12 @@ class RunStore(Protocol):
         run_id: str | None = None,
         lease: float = DEFAULT_LEASE,
         started_by: str | None = None,
+        idempotency: IdempotencyKey | None = None,
     ) -> RunRecord:
         """A new run, running and claimed by `worker` (who starts it), requested by
-        `requested_by`, and `started_by` another (a front end starting runs for its users)."""
+        `requested_by`, and `started_by` another (a front end starting runs for its users).
+        With `idempotency`, the key is stored with the run, in its transaction: raises
+        `IdempotencyKeyUsed`, and writes nothing, when the key is stored already."""
         ...
 
     async def draft_run(
@@ -111,12 +123,23 @@ class RunStore(Protocol):
         lease: float = DEFAULT_LEASE,
         started_by: str | None = None,
         announcer: Announcer | None = None,
+        idempotency: IdempotencyKey | None = None,
     ) -> RunRecord:
         """A new run with a new id, as `create_run` makes it, that the store may keep to
         itself until its first `save_run`, and write then in one transaction with the
         reviews its first step opened (`SqlApprovalStore`; the memory store writes it at
         once), announced by `announcer` where the store can. A draft that will not be saved
-        is dropped with `forget_draft`."""
+        is dropped with `forget_draft`. A run with `idempotency` is written at once, with
+        its key, as `create_run` writes it: a repeat finds it before its first step ends."""
+        ...
+
+    async def find_key(self, key: IdempotencyKey) -> KeptKey | None:
+        """What `key` (its token, route and key; not its digest) names, if it is stored."""
+        ...
+
+    async def keep_key(self, key: IdempotencyKey, target_id: str) -> None:
+        """Store `key` as naming `target_id` (a run or an approval written already). Raises
+        `IdempotencyKeyUsed` when it is stored already."""
         ...
 
     def forget_draft(self, run_id: str) -> None:
@@ -175,6 +198,9 @@ class MemoryRunStore:
         self._clock = clock
         self._lock = threading.Lock()
         self._runs: dict[str, RunRecord] = {}
+        self._keys: dict[tuple[str, str, str], KeptKey] = {}
+        """The idempotency keys of runs (and of approvals, by `keep_key`), by token, route
+        and key."""
 
     async def create_run(
         self,
@@ -186,6 +212,7 @@ class MemoryRunStore:
         run_id: str | None = None,
         lease: float = DEFAULT_LEASE,
         started_by: str | None = None,
+        idempotency: IdempotencyKey | None = None,
     ) -> RunRecord:
         now = self._clock()
         run = RunRecord(
@@ -206,6 +233,8 @@ class MemoryRunStore:
                 raise RunConflict(
                     run_id=run.run_id, expected=0, found=self._runs[run.run_id].version
                 )
+            if idempotency is not None:
+                self._keep_key(idempotency, run.run_id, now)
             self._runs[run.run_id] = run
         return run
 
@@ -219,6 +248,7 @@ class MemoryRunStore:
         lease: float = DEFAULT_LEASE,
         started_by: str | None = None,
         announcer: Announcer | None = None,
+        idempotency: IdempotencyKey | None = None,
     ) -> RunRecord:
         return await self.create_run(
             agent=agent,
@@ -227,7 +257,24 @@ class MemoryRunStore:
             requested_by=requested_by,
             lease=lease,
             started_by=started_by,
+            idempotency=idempotency,
         )
+
+    async def find_key(self, key: IdempotencyKey) -> KeptKey | None:
+        with self._lock:
+            return self._keys.get((key.token_name, key.route, key.key))
+
+    async def keep_key(self, key: IdempotencyKey, target_id: str) -> None:
+        with self._lock:
+            self._keep_key(key, target_id, self._clock())
+
+    def _keep_key(self, key: IdempotencyKey, target_id: str, at: datetime) -> None:
+        """Store `key` (the lock held). Kept as long as the store: it lives in memory."""
+        stored = (key.token_name, key.route, key.key)
+        kept = self._keys.get(stored)
+        if kept is not None:
+            raise IdempotencyKeyUsed(key=key, kept=kept)
+        self._keys[stored] = KeptKey(key.body_digest, target_id, at)
 
     def forget_draft(self, run_id: str) -> None:
         return None  # written at once: nothing to drop
@@ -249,7 +296,11 @@ class MemoryRunStore:
         error: str | None = None,
         spent: Sequence[Spent] = (),
     ) -> RunRecord:
-        for each in spent:
+        with self._lock:
+            stored = self._get(run.run_id)
+            if stored.version != run.version:
+                raise RunConflict(run_id=run.run_id, expected=run.version, found=stored.version)
+        for each in spent:  # only with a save that holds (as the SQL stores, in its transaction)
             await self.approvals.finish(each.approval_id, outcome=each.outcome)
         with self._lock:
             stored = self._get(run.run_id)
@@ -361,21 +412,30 @@ async def advance_run(
     try:
         result = await run_tool_loop(agent.chat, run.messages, ctx, max_turns=max_turns)
     except StoreError:
-        # The store failed, not the run: the step is tried again from the run as saved (a
-        # call that ran has its approval settled, so it is not run again).
-        await _settle(executor, spent)
+        # The store failed, not the run: the step is tried again from the run as saved. A
+        # call that ran keeps its result with its approval, which answers the call then: it
+        # is not run again.
+        await _keep(executor, spent)
         raise
     except Exception as exc:
         # The conversation as last saved is kept: a failed run can be looked at, or retried.
         failure = f"{type(exc).__name__}: {exc}"
         return await _save(
-            runs, run, lease, spent=spent, status="failed", messages=run.messages, error=failure
+            runs,
+            run,
+            lease,
+            executor,
+            spent=spent,
+            status="failed",
+            messages=run.messages,
+            error=failure,
         )
     cut_off = f"stopped after {max_turns} model turns" if result.finish == "max_turns" else None
     return await _save(
         runs,
         run,
         lease,
+        executor,
         spent=spent,
         status=_OUTCOMES[result.finish],
         messages=result.messages,
@@ -388,6 +448,7 @@ async def _save(
     runs: RunStore,
     run: RunRecord,
     lease: float,
+    executor: Executor,
     *,
     spent: list[Spent],
     status: RunStatus,
@@ -395,26 +456,37 @@ async def _save(
     final_text: str | None = None,
     error: str | None = None,
 ) -> RunRecord:
-    """Save the step, with the approvals it spent. The calls this step ran are spent: their
-    results live only in `messages` until saved, so the save is tried again while this
-    worker's claim holds (nobody else may save before it runs out; after, the version check
-    refuses a late save with `RunConflict`, and the approvals are recorded all the same)."""
+    """Save the step, with the approvals it spent (finished in the save's transaction, and
+    only by a save that holds).
+
+    The calls this step ran are spent, and their results live only in `messages` until
+    saved; so a save the store cannot take is tried again while this worker's claim holds,
+    then the results are kept with their approvals (`DeferredApproval.keep_spent`), and the
+    save is tried on for as long as this process lives (`KEEP_TRYING`). A save refused with
+    `RunConflict` (another worker took the run over once the claim ran out) keeps the
+    results too, and raises: whichever worker resumes the run answers those calls with
+    them, and finishes their approvals."""
     held = (run.lease_until - utc_now()).total_seconds() if run.lease_until else 0.0
-    return await until_written(
-        lambda: runs.save_run(
-            run,
-            status=status,
-            messages=messages,
-            final_text=final_text,
-            error=error,
-            spent=spent,
-        ),
-        what=f"saving run {run.run_id}",
-        within=max(held, lease / 2),
-    )
+
+    def save() -> Awaitable[RunRecord]:
+        return runs.save_run(
+            run, status=status, messages=messages, final_text=final_text, error=error, spent=spent
+        )
+
+    what = f"saving run {run.run_id}"
+    try:
+        try:
+            return await until_written(save, what=what, within=max(held, lease / 2))
+        except StoreUnavailableError:
+            await _keep(executor, spent)
+            return await until_written(save, what=what, within=KEEP_TRYING)
+    except RunConflict:
+        await _keep(executor, spent)
+        raise
 
 
-async def _settle(executor: Executor, spent: list[Spent]) -> None:
-    """Record the approvals a step spent when the step itself is not saved."""
+async def _keep(executor: Executor, spent: list[Spent]) -> None:
+    """Keep the results of the calls a step ran with their approvals, when the step itself
+    is not saved: trying for as long as this process lives."""
     if spent and isinstance(executor.approval, DeferredApproval):
-        await executor.approval.settle_spent(spent)
+        await executor.approval.keep_spent(spent, within=KEEP_TRYING)

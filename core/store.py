@@ -44,6 +44,7 @@ from nodbot.core.errors import (
     ApprovalNotFound,
     InvalidDecisionError,
     MessageAlreadyProcessed,
+    NodbotError,
 )
 from nodbot.core.remembered import MemoryRememberedApprovals
 
@@ -64,6 +65,10 @@ __all__ = [
     "DecisionAction",
     "EventKind",
     "Evidence",
+    "IdempotencyKey",
+    "IdempotencyKeyUsed",
+    "KeptKey",
+    "KeptResult",
     "MemoryApprovalStore",
     "MemorySessionRevocations",
     "MessageAlreadyProcessed",
@@ -81,10 +86,22 @@ __all__ = [
 
 ApprovalStatus: TypeAlias = Literal["pending", "approved", "denied"]
 EventKind: TypeAlias = Literal[
-    "created", "voted", "decided", "consumed", "finished", "refused", "delivered", "undelivered"
+    "created",
+    "voted",
+    "decided",
+    "consumed",
+    "kept",
+    "finished",
+    "refused",
+    "delivered",
+    "undelivered",
 ]
 Clock: TypeAlias = Callable[[], datetime]
-ClaimOutcome: TypeAlias = Literal["pending", "mismatch", "taken", "in_use"]
+ClaimOutcome: TypeAlias = Literal["pending", "mismatch", "taken", "in_use", "ran"]
+KeptResult: TypeAlias = dict[str, Any]
+"""What a call that ran gave, as JSON (`{"status": "ok", "value": ..., "arguments": {...}}`
+or `{"status": "error", "message": ..., "arguments": {...}}`), kept with its consumed
+approval when the step that ran it could not be saved (`ApprovalStore.keep_results`)."""
 DecisionAction: TypeAlias = Literal["approve", "edit", "deny"]
 Evidence: TypeAlias = Mapping[str, Any]
 """What a channel knows of who acted (JSON values): Slack `{"user", "team", "action_ts"}`,
@@ -211,6 +228,46 @@ def utc_now() -> datetime:
 
 
 @dataclass(frozen=True)
+class IdempotencyKey:
+    """A client's `Idempotency-Key` on one route (`POST /runs`, `POST /approvals`): the
+    request it names is made once, however many times it is sent."""
+
+    token_name: str
+    """The API token that sent it: keys are scoped to it (two tokens may use one key)."""
+    route: str
+    """The route it was sent to, such as `POST /runs`."""
+    key: str
+    body_digest: str
+    """SHA-256 of the request's canonical JSON body: a repeat has the same."""
+
+
+@dataclass(frozen=True)
+class KeptKey:
+    """What a stored `IdempotencyKey` names."""
+
+    body_digest: str
+    """The digest of the body it was first sent with."""
+    target_id: str
+    """The run (`POST /runs`) or the approval (`POST /approvals`) it made or answered with."""
+    created_at: datetime
+
+
+class IdempotencyKeyUsed(NodbotError):
+    """A write that carried an idempotency key found the key stored already: nothing was
+    written. `kept` is what the key names (None when it expired meanwhile)."""
+
+    kind = "idempotency-key-used"
+
+    def __init__(self, *, key: IdempotencyKey, kept: KeptKey | None) -> None:
+        super().__init__(f"the idempotency key {key.key!r} of {key.route} was used already")
+        self.key = key
+        self.kept = kept
+
+    def details(self) -> dict[str, Any]:
+        return {"route": self.key.route, "target_id": self.kept and self.kept.target_id}
+
+
+@dataclass(frozen=True)
 class ApprovalRequest:
     """One call that waits for review: what is stored and what binds a decision to it."""
 
@@ -232,6 +289,11 @@ class ApprovalRequest:
     policy: dict[str, Any] = field(default_factory=dict)
     """What the bot's rules say about this review (who may decide, which decisions, which
     arguments may be edited); JSON values, stored as given and read by the channels."""
+    idempotency: IdempotencyKey | None = field(default=None, compare=False)
+    """The key of the API request that asks (`POST /approvals`): a SQL store's `create`
+    writes it with the record it makes, in the same transaction, and raises
+    `IdempotencyKeyUsed` (making nothing) when it is stored already. Not part of the call,
+    and not read back."""
 
     @property
     def interrupt(self) -> ToolInterrupt:
@@ -283,10 +345,15 @@ class Claim:
     - `taken`: the decision was consumed by this claim; `record` is the consumed record.
     - `in_use`: another call consumed the decision and has not finished; the refused attempt
       is in the events.
+    - `ran`: a call consumed the decision, ran and kept its result (`result`), and has not
+      finished: an earlier step of the same run whose save failed. The call is answered with
+      the result, and the tool does not run again.
     """
 
     record: ApprovalRecord
     outcome: ClaimOutcome
+    result: KeptResult | None = None
+    """The kept result, for `ran`."""
 
 
 @dataclass(frozen=True)
@@ -413,6 +480,12 @@ class ApprovalStore(Protocol):
         """Mark the call that consumed the decision as ended. Finishing twice changes nothing."""
         ...
 
+    async def keep_results(self, kept: Sequence[tuple[str, KeptResult]]) -> None:
+        """Keep each call's result with its approval, consumed and not finished (others are
+        left alone): a later `claim` of the call answers `ran` with it. Keeping again
+        replaces nothing (the first result stands)."""
+        ...
+
     async def events(self, approval_id: str | None = None) -> _Events:
         """The audit log, oldest first, for one approval or all."""
         ...
@@ -439,6 +512,7 @@ class MemoryApprovalStore:
         self._events: _Events = []
         self._votes: dict[str, list[tuple[str, Decision]]] = {}  # (voter, vote)
         self._messages: dict[str, str] = {}  # message id -> the review it was processed on
+        self._kept: dict[str, KeptResult] = {}  # approval id -> the result its call kept
         self.sessions = MemorySessionRevocations(clock=clock)
         """The web inbox's ended sessions (`SessionRevocations`), in this process only."""
         self.remembered = MemoryRememberedApprovals(clock=clock)
@@ -457,6 +531,9 @@ class MemoryApprovalStore:
             if record.decision is None:
                 return Claim(record, "pending")
             if record.consumed:
+                kept = self._kept.get(record.approval_id)
+                if kept is not None:
+                    return Claim(record, "ran", kept)
                 self._refuse(record.approval_id, CONCURRENT_USE_REASON, actor, "executor")
                 return Claim(record, "in_use")
             return Claim(self._consume(record, actor), "taken")
@@ -608,6 +685,16 @@ class MemoryApprovalStore:
                 self._refuse(approval_id, CONCURRENT_USE_REASON, actor, "executor")
                 raise ApprovalAlreadyConsumed(approval_id=approval_id)
             return self._consume(record, actor)
+
+    async def keep_results(self, kept: Sequence[tuple[str, KeptResult]]) -> None:
+        with self._lock:
+            for approval_id, result in kept:
+                record = self._records.get(approval_id)
+                if record is None or not record.consumed or record.finished:
+                    continue
+                if approval_id not in self._kept:
+                    self._kept[approval_id] = dict(result)
+                    self._log(approval_id, "kept", channel="executor", detail={"result": result})
 
     async def finish(self, approval_id: str, *, outcome: str) -> ApprovalRecord:
         with self._lock:

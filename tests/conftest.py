@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import ipaddress
+import logging
 import socket
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import pytest
@@ -44,6 +45,35 @@ def loopback_only(monkeypatch: pytest.MonkeyPatch) -> None:
 
     monkeypatch.setattr(socket.socket, "connect", connect)
     monkeypatch.setattr(socket.socket, "connect_ex", connect_ex)
+
+
+class _Unobserved(logging.Handler):
+    """Keeps asyncio's reports of tasks that ended in an exception nobody looked at."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.ERROR)
+        self.reports: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        message = record.getMessage()
+        if "exception was never retrieved" in message:
+            self.reports.append(f"{message}: {record.__dict__.get('exception', '')!r}")
+
+
+@pytest.fixture(autouse=True)
+def no_unobserved_task_failures() -> Iterator[None]:
+    """Fail any test during which asyncio reported a task, or a future, whose exception
+    nobody retrieved: a failure of the bot's must be handled, not lost in a task. (Reported
+    when the task is collected, which can be after the test that made it: the report names
+    the task, whatever test it fails.)"""
+    handler = _Unobserved()
+    logger = logging.getLogger("asyncio")
+    logger.addHandler(handler)
+    try:
+        yield
+    finally:
+        logger.removeHandler(handler)
+    assert handler.reports == [], handler.reports
 
 
 @pytest.fixture

@@ -226,6 +226,7 @@ class _ApprovalsApi:
         except TimeoutError:
             log.warning("health check: the store did not answer in %s s", HEALTH_TIMEOUT)
             problems.append(f"the approval store did not answer within {HEALTH_TIMEOUT:g} s")
+        problems += getattr(self.store, "problems", list)()  # a SQL store's own (checkpoints)
         if self.workers is not None:
             problems += self.workers.problems()
             if request.url.path == "/readyz" and not self.workers.stepped:

@@ -10,18 +10,27 @@ from pydantic.json_schema import models_json_schema
 
 from nodbot.bot.http.requests import ConsumedView, RequestBody
 from nodbot.bot.http.runs import RunBody, RunView
-from nodbot.bot.http.schemas import ApprovalDetail, ApprovalView, DecideBody, ErrorBody, HealthView
+from nodbot.bot.http.schemas import (
+    IDEMPOTENCY_HEADER,
+    ApprovalDetail,
+    ApprovalView,
+    DecideBody,
+    ErrorBody,
+    HealthView,
+)
 from nodbot.core import __version__
 
 __all__ = ["openapi_document"]
 
 _REF = "#/components/schemas/{model}"
 _ERRORS = {
+    "400": f"a malformed {IDEMPOTENCY_HEADER} header (or several)",
     "401": "no token, or an unknown one",
     "403": "the token lacks the scope, or the rules refuse the decision",
     "404": "no such approval or run",
     "409": "already decided (the first decision wins), already voted, a call id asked about "
-    "with other arguments, a decision not made yet or handed out already",
+    f"with other arguments, a decision not made yet or handed out already, an {IDEMPOTENCY_HEADER} "
+    "sent before with another body",
     "413": "the body is larger than the route's limit",
     "422": "invalid fields, each named, or a body that is not acceptable JSON",
 }
@@ -60,6 +69,20 @@ def _operation(
 
 def _param(name: str, where: str, schema: dict[str, Any]) -> dict[str, Any]:
     return {"name": name, "in": where, "required": where == "path", "schema": schema}
+
+
+def _idempotency(what: str) -> dict[str, Any]:
+    """The optional `Idempotency-Key` header of a route that makes `what`."""
+    return {
+        "name": IDEMPOTENCY_HEADER,
+        "in": "header",
+        "required": False,
+        "description": f"Makes one {what} however often the request is sent (a retry after a "
+        "timeout or a 503): a repeat with the same key and body answers what the first made, "
+        "as it is now; the same key with another body is a 409. Scoped to the token's name, "
+        "kept a day at least.",
+        "schema": {"type": "string", "minLength": 1, "maxLength": 200, "pattern": "^[ -~]+$"},
+    }
 
 
 def _approval_paths() -> dict[str, Any]:
@@ -120,9 +143,10 @@ def _request_paths() -> dict[str, Any]:
         "/approvals": {
             "post": _operation(
                 "Put a call of a tool that runs elsewhere to the rules: decided at once, or a "
-                "review opened (idempotent on run id and call id)",
+                "review opened (idempotent on run id and call id, and on its Idempotency-Key)",
                 "approvals:request",
-                _answers("201", ApprovalView, "401", "403", "409", "413", "422"),
+                _answers("201", ApprovalView, "400", "401", "403", "409", "413", "422"),
+                parameters=[_idempotency("approval")],
                 requestBody={"required": True, **_json(_ref(RequestBody))},
             )
         },
@@ -141,9 +165,10 @@ def _run_paths() -> dict[str, Any]:
     return {
         "/runs": {
             "post": _operation(
-                "Start a run of a configured agent",
+                "Start a run of a configured agent (once per Idempotency-Key)",
                 "runs:write (and runs:write-as to name another `requested_by`)",
-                _answers("201", RunView, "401", "403", "413", "422"),
+                _answers("201", RunView, "400", "401", "403", "409", "413", "422"),
+                parameters=[_idempotency("run")],
                 requestBody={"required": True, **_json(_ref(RunBody))},
             )
         },

@@ -35,6 +35,15 @@ asked for the call consumes it (or another token of the same person under `peopl
 as the same agent's next key): any other gets a 403 and the decision stays for its asker. A
 second consume is a 409: an external tool, too, runs at most once per decision. A replayed
 call after that (the same run and call id) opens a new review.
+
+`POST /approvals` with an `Idempotency-Key` header (1 to 200 printable ASCII characters; 400
+naming it otherwise) is idempotent on the key as well, after the decision is consumed too:
+the key, scoped to the token's name, is written with the approval it made, in the same
+transaction (or with the call's active record it answered with, just after). A repeat with
+the same body answers 200 with that approval as it is now, as a repeat of the call does
+while its record is active (a repeat sent while the first is under way, too: its rule's
+decision may follow a moment later); the same key with another body is a 409 naming the
+header. Keys are kept a day at least.
 """
 
 from __future__ import annotations
@@ -53,7 +62,13 @@ from starlette.routing import Route
 from nodbot.bot.config import ApiToken
 from nodbot.bot.http.auth import ApiError, TokenTable
 from nodbot.bot.http.common import json_body, json_response, parse
-from nodbot.bot.http.schemas import ApprovalView, _Model
+from nodbot.bot.http.schemas import (
+    ApprovalView,
+    _Model,
+    idempotency_key,
+    kept_by,
+    other_body,
+)
 from nodbot.bot.people import People
 from nodbot.bot.policy import Judged, RulesPort
 from nodbot.bot.service import BotService
@@ -67,11 +82,14 @@ from nodbot.core import (
     merge_edit,
 )
 from nodbot.core.approval_tokens import ApprovalToken, token_key
+from nodbot.core.store import IdempotencyKey, IdempotencyKeyUsed, KeptKey
 from nodbot.core.tools import arguments_digest, canonical_json
 
 __all__ = ["MAX_SCHEMA_BYTES", "request_routes"]
 
 CHANNEL = "api"
+ROUTE = "POST /approvals"
+"""The route idempotency keys of approval requests are stored under."""
 MAX_WAIT = 60.0
 """The longest `wait` a request may ask for, seconds."""
 MAX_SCHEMA_BYTES = 65_536
@@ -146,7 +164,9 @@ def request_routes(service: BotService, tokens: TokenTable) -> list[Route]:
 
     async def create(request: Request) -> Response:
         token = tokens.require_token(request, "approvals:request")
-        body = parse(RequestBody, await json_body(request), "invalid approval request")
+        payload = await json_body(request)
+        body = parse(RequestBody, payload, "invalid approval request")
+        key = idempotency_key(request.headers, token=token.name, route=ROUTE, body=payload)
         requester = body.requested_by or token.name
         if requester.lower() != token.name.lower() and "approvals:decide" in token.scopes:
             raise ApiError(
@@ -164,18 +184,37 @@ def request_routes(service: BotService, tokens: TokenTable) -> list[Route]:
             digest=arguments_digest(arguments),
             requested_by=requester,
             policy=_extra_policy(body, token),
+            idempotency=key,
         )
-        existing = await store.find(body.run_id, body.call_id)
-        if existing is not None and not existing.finished:
-            _same_call(existing, asked)
-            return json_response(ApprovalView.of(existing))
-        if body.description:
-            asked = replace(asked, policy={**asked.policy, "call_description": body.description})
-        record, decided = await port.open_review(asked, judged=judged)
+        try:
+            if key is not None and (kept := await store.find_key(key)) is not None:
+                return await _repeated(key, kept)
+            existing = await store.find(body.run_id, body.call_id)
+            if existing is not None and not existing.finished:
+                _same_call(existing, asked)
+                if key is not None:
+                    await store.keep_key(key, existing.approval_id)
+                return json_response(ApprovalView.of(existing))
+            if body.description:
+                policy = {**asked.policy, "call_description": body.description}
+                asked = replace(asked, policy=policy)
+            # With a key: written with the record it makes (see `ApprovalRequest.idempotency`).
+            record, decided = await port.open_review(asked, judged=judged)
+        except IdempotencyKeyUsed as used:  # a repeat sent while the first was on its way
+            return await _repeated(used.key, kept_by(used))
         _same_call(record, asked)  # another request for the call won a race: the same call?
         if decided:
             service.decided()
         return json_response(ApprovalView.of(record), status=201)
+
+    async def _repeated(key: IdempotencyKey, kept: KeptKey) -> Response:
+        """The answer to a repeat of a keyed request: the approval its key names, as it is
+        now (200, as for a call asked about already), or a 409 when the body is not the
+        first one's."""
+        conflict = other_body(key, kept)
+        if conflict is not None:
+            raise conflict
+        return json_response(ApprovalView.of(await store.get(kept.target_id)))
 
     async def consume(request: Request) -> Response:
         token = tokens.require_token(request, "approvals:request")

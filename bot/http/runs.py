@@ -14,6 +14,15 @@ run's calls either (`bot.authorize`).
 `GET /runs/{id}?wait=<seconds>` (at most 60) answers as soon as the run has settled (finished,
 failed, or waiting for a review nobody has decided yet) or when the seconds have passed,
 whichever comes first: a client follows a run without polling it.
+
+`POST /runs` with an `Idempotency-Key` header (1 to 200 printable ASCII characters; 400
+naming it otherwise) starts one run however often it is sent: the key, scoped to the token's
+name, is written with the run, in its transaction, before the run's first step. A repeat
+with the same body answers 201 with that run as it is now (still running, when the first is
+under way: follow it with `GET /runs/{id}?wait=`); the same key with another body is a 409
+naming the header. Keys are kept a day at least (`KEYS_KEPT`). A hosted agent's run
+(`framework_agents:`) gets its key written just after its first step, in a transaction of
+its own.
 """
 
 from __future__ import annotations
@@ -31,15 +40,18 @@ from starlette.routing import Route
 
 from nodbot.bot.http.auth import ApiError, TokenTable, missing_scope
 from nodbot.bot.http.common import json_body, json_response, parse
-from nodbot.bot.http.schemas import ApprovalView
+from nodbot.bot.http.schemas import ApprovalView, idempotency_key, kept_by, other_body
 from nodbot.bot.people import People
 from nodbot.bot.service import BotService, UnknownAgentError
 from nodbot.core import ApprovalRecord, RunNotFound, RunRecord, RunStatus, ToolMessage
+from nodbot.core.store import IdempotencyKey, IdempotencyKeyUsed, KeptKey
 
 __all__ = ["MAX_WAIT", "RunBody", "RunQuery", "RunView", "ToolResultView", "run_routes"]
 
 MAX_WAIT = 60.0
 """The longest `wait` a request may ask for, seconds."""
+ROUTE = "POST /runs"
+"""The route idempotency keys of runs are stored under."""
 
 
 class RunQuery(BaseModel):
@@ -101,18 +113,24 @@ def run_routes(service: BotService, tokens: TokenTable) -> list[Route]:
 
     async def start(request: Request) -> Response:
         token = tokens.require_token(request, "runs:write")
-        body = parse(RunBody, await json_body(request), "invalid run")
+        payload = await json_body(request)
+        body = parse(RunBody, payload, "invalid run")
+        key = idempotency_key(request.headers, token=token.name, route=ROUTE, body=payload)
         requester, starter = token.name, None
         if body.requested_by is not None and not await People().same(body.requested_by, token.name):
             if "runs:write-as" not in token.scopes:
                 raise missing_scope("runs:write-as", " needed to start a run for someone else")
             requester, starter = body.requested_by, token.name
+        if key is not None and (kept := await service.store.find_key(key)) is not None:
+            return await _repeated(service, key, kept)
         try:
             run, pending = await service.begin_run(
-                body.agent, body.input, requester, started_by=starter
+                body.agent, body.input, requester, started_by=starter, idempotency=key
             )
         except UnknownAgentError as exc:
             raise ApiError(422, str(exc), details={"agent": exc.agent}) from None
+        except IdempotencyKeyUsed as used:  # a repeat sent while the first was on its way
+            return await _repeated(service, used.key, kept_by(used))
         return json_response(await _view(service, run, pending), status=201)
 
     async def show(request: Request) -> Response:
@@ -143,6 +161,16 @@ def run_routes(service: BotService, tokens: TokenTable) -> list[Route]:
         Route("/runs", start, methods=["POST"]),
         Route("/runs/{run_id}", show, methods=["GET"]),
     ]
+
+
+async def _repeated(service: BotService, key: IdempotencyKey, kept: KeptKey) -> Response:
+    """The answer to a repeat of a keyed start: the run its key names, as it is now (201, as
+    the first answer), or a 409 when the body is not the first one's."""
+    conflict = other_body(key, kept)
+    if conflict is not None:
+        raise conflict
+    run = await service.store.get_run(kept.target_id)
+    return json_response(await _view(service, run), status=201)
 
 
 def _settled(view: RunView) -> bool:

@@ -3,6 +3,8 @@ pydantic models that refuse unknown fields."""
 
 from __future__ import annotations
 
+import hashlib
+import re
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
@@ -15,8 +17,10 @@ from pydantic import (
     ValidationInfo,
     field_validator,
 )
+from starlette.datastructures import Headers
 
 from nodbot.bot.forms import MAX_ARGUMENT_TEXT, MAX_REASON, text_too_long
+from nodbot.bot.http.auth import ApiError
 from nodbot.core import (
     ApprovalEvent,
     ApprovalRecord,
@@ -25,8 +29,11 @@ from nodbot.core import (
     ToolDecision,
     check_edit_arguments,
 )
+from nodbot.core.store import IdempotencyKey, IdempotencyKeyUsed, KeptKey
+from nodbot.core.tools import canonical_json
 
 __all__ = [
+    "IDEMPOTENCY_HEADER",
     "MAX_ARGUMENT_TEXT",
     "MAX_REASON",
     "ApprovalDetail",
@@ -38,7 +45,14 @@ __all__ = [
     "HealthView",
     "ListQuery",
     "field_errors",
+    "idempotency_key",
+    "kept_by",
+    "other_body",
 ]
+
+IDEMPOTENCY_HEADER = "Idempotency-Key"
+"""The header that makes `POST /runs` and `POST /approvals` idempotent (see `idempotency_key`)."""
+_KEY_TEXT = re.compile(r"[\x20-\x7e]{1,200}")
 
 
 class _Model(BaseModel):
@@ -221,3 +235,48 @@ def field_errors(error: ValidationError) -> list[dict[str, str]]:
         }
         for detail in error.errors(include_url=False)
     ]
+
+
+def idempotency_key(
+    headers: Headers, *, token: str, route: str, body: Any
+) -> IdempotencyKey | None:
+    """The request's `Idempotency-Key` (1 to 200 printable ASCII characters), scoped to the
+    token's name and the route, with the digest of its JSON `body`; None without the header.
+    Raises `ApiError` (400, naming the header) for a malformed one, or several."""
+    found = headers.getlist(IDEMPOTENCY_HEADER)
+    if not found:
+        return None
+    if len(found) > 1 or not _KEY_TEXT.fullmatch(found[0]):
+        raise ApiError(
+            400,
+            f"the {IDEMPOTENCY_HEADER} header must be one value of 1 to 200 printable ASCII "
+            "characters",
+            details={"header": IDEMPOTENCY_HEADER},
+        )
+    digest = hashlib.sha256(canonical_json(body).encode("utf-8")).hexdigest()
+    return IdempotencyKey(token_name=token, route=route, key=found[0], body_digest=digest)
+
+
+def other_body(key: IdempotencyKey, kept: KeptKey) -> ApiError | None:
+    """The 409 for a key sent again with another body than the first; None for a repeat."""
+    if kept.body_digest == key.body_digest:
+        return None
+    return ApiError(
+        409,
+        f"this {IDEMPOTENCY_HEADER} was sent before with another body: a key names one "
+        "request; give a new request a new key",
+        details={"header": IDEMPOTENCY_HEADER, "key": key.key},
+    )
+
+
+def kept_by(used: IdempotencyKeyUsed) -> KeptKey:
+    """What the key a write found stored names. Raises `ApiError` (409) in the rare case
+    that it was deleted since (past `KEYS_KEPT`): sending the request again starts anew."""
+    if used.kept is None:
+        raise ApiError(
+            409,
+            f"this {IDEMPOTENCY_HEADER} was in use by another request a moment ago: send the "
+            "request again",
+            details={"header": IDEMPOTENCY_HEADER, "key": used.key.key},
+        )
+    return used.kept

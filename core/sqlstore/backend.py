@@ -61,6 +61,7 @@ __all__ = [
     "DigestBound",
     "EventRow",
     "EventValues",
+    "KeyTaken",
     "Once",
     "Repeat",
     "Row",
@@ -427,6 +428,11 @@ class Change:
     """When nothing changed: the row as it is (None if there is no such approval)."""
 
 
+class KeyTaken(Exception):
+    """A write's idempotency key (an `idempotency_keys` row) is stored already: the
+    transaction wrote nothing."""
+
+
 @dataclass(frozen=True)
 class EventRow:
     """One `events` row."""
@@ -444,8 +450,11 @@ class EventRow:
 class Backend(Protocol):
     """One database's implementation of the store's atomic operations."""
 
-    async def create(self, row: Row, event_at: datetime) -> Row:
-        """Insert `row` unless the call has an active record; return the active record."""
+    async def create(self, row: Row, event_at: datetime, key: Row | None = None) -> Row:
+        """Insert `row` unless the call has an active record; return the active record.
+        With `key` (an `idempotency_keys` row naming `row`), the key is inserted with the
+        row it names, in its transaction (none with an active record found): raises
+        `KeyTaken`, inserting neither, when it is there already."""
         ...
 
     async def refuse(
@@ -531,6 +540,15 @@ class Backend(Protocol):
         way (it was not so any more, or the backend has no such shortcut): `claim` then."""
         ...
 
+    async def keep_results(self, kept: Sequence[tuple[str, str]], at: datetime) -> None:
+        """Append a `kept` event (detail: the result, JSON) to each consumed, unfinished
+        review that has none yet; the others are left alone."""
+        ...
+
+    async def kept_result(self, approval_id: str) -> str | None:
+        """The detail of the review's first `kept` event, if it has one."""
+        ...
+
     async def finish_known(self, approval_id: str, at: datetime, outcome: str) -> datetime | None:
         """`finish` for a caller that knows the record (it took it): the record is not read
         back. The finish time as stored, or None when nothing was finished (`finish` then
@@ -547,14 +565,33 @@ class Backend(Protocol):
         ...
 
     async def insert_run(
-        self, row: Row, reviews: Sequence[Row] = (), announcing: Announcing | None = None
+        self,
+        row: Row,
+        reviews: Sequence[Row] = (),
+        announcing: Announcing | None = None,
+        key: Row | None = None,
     ) -> Row | None:
         """Insert a run, and the new rows of its pending `reviews` as `create` would (each
         with its `created` event, at its `created_at`, and counted in the run's `pending`),
         in one transaction; None, and nothing written, when a run with its id exists.
         With `announcing`, a backend may announce those reviews in the same transaction: the
         run's row then has the deliveries made under `deliveries` (none: not announced, as
-        PostgreSQL, whose insert is one statement, leaves them to `announce`)."""
+        PostgreSQL, whose insert is one statement, leaves them to `announce`). With `key`
+        (an `idempotency_keys` row naming the run; a run without `reviews` only), the key is
+        inserted in the same transaction: raises `KeyTaken`, inserting nothing, when it is
+        there already."""
+        ...
+
+    async def find_key(self, token_name: str, route: str, key: str) -> Row | None:
+        """The `idempotency_keys` row of this token, route and key, or None."""
+        ...
+
+    async def insert_key(self, row: Row) -> None:
+        """Insert an `idempotency_keys` row. Raises `KeyTaken` when it is there already."""
+        ...
+
+    async def prune_keys(self, before: datetime) -> None:
+        """Delete the idempotency keys created before `before`."""
         ...
 
     async def get_run(self, run_id: str) -> Row | None:

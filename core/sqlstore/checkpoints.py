@@ -64,13 +64,18 @@ class Checkpointer:
         """Checkpoints made (PASSIVE ones; a RESTART follows some of them)."""
         self.restarts = 0
         """RESTART checkpoints made: the times the log was started over."""
+        self.failing: str | None = None
+        """Why the last checkpoint failed, while they fail (`/healthz` says so)."""
 
     def wrote(self) -> None:
         """Note a commit (called on the loop's thread, after each one)."""
         self._written += 1
         if self._written >= CHECKPOINT_WRITES:
             self._start()
-        elif self._timer is None:
+        elif self._timer is None or self._timer.done():
+            if self._timer is not None and not self._timer.cancelled():
+                error = self._timer.exception()  # looked at, and said: it is started again
+                log.error("the WAL checkpoints' timer stopped; starting it again", exc_info=error)
             self._timer = asyncio.get_running_loop().create_task(self._tick())
 
     async def close(self) -> None:
@@ -104,7 +109,11 @@ class Checkpointer:
         while True:
             await asyncio.sleep(CHECKPOINT_EVERY)
             if self._written:
-                self._start()
+                try:
+                    self._start()
+                except Exception as exc:  # never the end of the timer: tried at the next tick
+                    self.failing = f"{type(exc).__name__}: {exc}"
+                    log.warning("a WAL checkpoint could not be started: %s", self.failing)
 
     def _checkpoint(self) -> None:
         """One checkpoint, in the checkpointer's thread; a failure is tried again next time."""
@@ -115,8 +124,12 @@ class Checkpointer:
             if frames * self._frame > self.wal_limit:
                 busy, _, _ = db.execute("PRAGMA wal_checkpoint(RESTART)").fetchone()
                 self.restarts += not busy
-        except sqlite3.Error as exc:
+            self.failing = None
+        except sqlite3.OperationalError as exc:  # busy or locked: tried again next time
             log.debug("WAL checkpoint failed: %s", exc)
+        except Exception as exc:  # the file's or the disk's fault: said, and tried again
+            self.failing = f"{type(exc).__name__}: {exc}"
+            log.warning("WAL checkpoint failed: %s", self.failing)
 
     def _connect(self) -> sqlite3.Connection:
         if self._connection is None:

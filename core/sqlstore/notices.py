@@ -55,6 +55,12 @@ class Listening:
 
     connected: bool = True
 
+    @property
+    def ended(self) -> bool:
+        """Whether it stopped listening by itself (a fault it could not get over): the bot
+        then listens again."""
+        return False
+
     async def __call__(self) -> None:
         """Stop listening."""
 
@@ -81,13 +87,23 @@ class Listener(Listening):
         """Connect once (raising what the first attempt raises), then keep connected."""
         connection = await self._connect()
         self._task = asyncio.create_task(self._keep(connection), name=f"listen {self._channel}")
+        # Its end wakes the workers, which listen again (`ended`) and look for themselves.
+        self._task.add_done_callback(lambda _: self._woken())
         return self
+
+    @property
+    def ended(self) -> bool:
+        return self._task is not None and self._task.done()
 
     async def __call__(self) -> None:
         if self._task is not None:
             self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
+            try:
                 await self._task
+            except asyncio.CancelledError:
+                pass
+            except Exception:  # it ended by itself: said here, where it is looked at
+                log.exception("listening to the database's notices had stopped")
         self.connected = False
 
     async def _connect(self) -> asyncpg.Connection:

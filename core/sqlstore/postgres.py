@@ -16,9 +16,9 @@ import collections
 import contextlib
 import logging
 import secrets
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from datetime import datetime
-from typing import Any, TypeAlias, cast
+from typing import Any, TypeAlias, TypeVar, cast
 
 import asyncpg
 
@@ -36,6 +36,7 @@ from nodbot.core.sqlstore.backend import (
     Claimed,
     EventRow,
     EventValues,
+    KeyTaken,
     Once,
     Repeat,
     Row,
@@ -73,6 +74,13 @@ _LINK = (
     "(SELECT hash FROM logged ORDER BY n DESC LIMIT 1) AS chain_hash"
 )
 _SELECT_ONE = f"SELECT {COLUMNS} FROM approvals WHERE approval_id = $1"
+# A consumed, unfinished review with no result kept yet (locked), and the result kept of one.
+_KEEPABLE = """
+SELECT 1 FROM approvals WHERE approval_id = $1 AND consumed_at IS NOT NULL
+  AND finished_at IS NULL
+  AND NOT EXISTS (SELECT 1 FROM events WHERE events.approval_id = $1 AND kind = 'kept')
+FOR UPDATE"""
+_KEPT = "SELECT detail FROM events WHERE approval_id = $1 AND kind = 'kept' ORDER BY seq LIMIT 1"
 
 _NEW_COLUMNS = (
     "approval_id, run_id, call_id, tool, arguments, digest, requested_by, status, created_at, "
@@ -108,6 +116,23 @@ UNION ALL
 SELECT {COLUMNS}, NULL, NULL FROM approvals
 WHERE run_id = $2 AND call_id = $3 AND finished_at IS NULL
   AND NOT EXISTS (SELECT 1 FROM inserted)"""
+# Idempotency keys (`idempotency_keys`). `_CREATE` with the request's key ($16-$19: token
+# name, route, key, body digest) written for the record it makes, none for an active record
+# it finds; a key stored already fails the whole statement, which then writes nothing.
+_KEY_COLUMNS = "token_name, route, key, body_digest, target_id, created_at"
+_KEY_NAMES = tuple(name.strip() for name in _KEY_COLUMNS.split(","))
+_KEY_CONSTRAINT = "idempotency_keys_pkey"
+_CREATE_KEYED = _CREATE.replace(
+    f"), {_COUNT_CREATED}",
+    f"""), keyed AS (
+    INSERT INTO idempotency_keys ({_KEY_COLUMNS})
+    SELECT $16::text, $17::text, $18::text, $19::text, approval_id, $10 FROM inserted
+), {_COUNT_CREATED}""",
+)
+_INSERT_KEY = f"INSERT INTO idempotency_keys ({_KEY_COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6)"
+_FIND_KEY = f"""
+SELECT {_KEY_COLUMNS} FROM idempotency_keys WHERE token_name = $1 AND route = $2 AND key = $3"""
+_PRUNE_KEYS = "DELETE FROM idempotency_keys WHERE created_at < $1"
 
 
 def _taking(run: int, call: int, tool: int, digest: int, at: int) -> str:
@@ -346,6 +371,15 @@ VALUES ({", ".join(f"${i}" for i in range(1, len(RUN_COLUMN_NAMES) + 1))}, (
     AND status = 'pending'))
 ON CONFLICT (run_id) DO NOTHING
 RETURNING {RUN_COLUMNS}"""
+# The same, with the run's idempotency key (after the run's values and its id: token name,
+# route, key, body digest), which names the run: a key stored already fails the statement.
+_INSERT_RUN_KEYED = f"""
+WITH keyed AS (
+    INSERT INTO idempotency_keys ({_KEY_COLUMNS})
+    VALUES (${len(RUN_COLUMN_NAMES) + 2}::text, ${len(RUN_COLUMN_NAMES) + 3}::text,
+            ${len(RUN_COLUMN_NAMES) + 4}::text, ${len(RUN_COLUMN_NAMES) + 5}::text,
+            ${len(RUN_COLUMN_NAMES) + 1}, ${RUN_COLUMN_NAMES.index("created_at") + 1})
+){_INSERT_RUN}"""
 # A run and the reviews its first step opened, in one statement: the reviews' values are
 # arrays, one per column of `_NEW_NAMES` (the n-th elements of each make a review), after the
 # run's own values; every review is pending, so they are the run's pending count.
@@ -380,13 +414,17 @@ UPDATE runs SET status = $3, messages = $4, final_text = $5, error = $6, updated
     version = version + 1, claimed_by = NULL, lease_until = NULL
 WHERE run_id = $1 AND version = $2
 RETURNING {RUN_COLUMNS}"""
-# The same, with the approvals the run's step spent finished first (each by its key, the
-# arrays' n-th elements together), whether or not the run is still at the version saved.
+# The same, with the approvals the run's step spent finished (each by its key, the arrays'
+# n-th elements together), only when the run is saved: a late save (the run taken over)
+# finishes nothing, and whoever resumes the run finishes them with its own save.
 _SAVE_RUN_SPENT = f"""
-WITH finished AS (
+WITH saved AS (
+    {_SAVE_RUN.strip()}
+), finished AS (
     UPDATE approvals
     SET finished_at = $7, outcome = ($9::text[])[array_position($8::text[], approval_id)]
     WHERE approval_id = ANY ($8::text[]) AND consumed_at IS NOT NULL AND finished_at IS NULL
+      AND EXISTS (SELECT 1 FROM saved)
     RETURNING approval_id
 ), logged AS (
     {_EVENTS}
@@ -394,7 +432,7 @@ WITH finished AS (
            ($10::text[])[array_position($8::text[], approval_id)], NULL
     FROM finished
 )
-{_SAVE_RUN.strip()}"""
+SELECT * FROM saved"""
 _RENEW_CLAIM = f"""
 UPDATE runs SET version = version + 1, updated_at = $3, lease_until = $4
 WHERE run_id = $1 AND version = $2 AND lease_until > $3
@@ -497,6 +535,20 @@ def chain_settings(audit_key: str | None) -> dict[str, str]:
     if audit_key:
         settings["nodbot.audit_ikey"], settings["nodbot.audit_okey"] = hmac_pads(audit_key)
     return settings
+
+
+T = TypeVar("T")
+
+
+async def _keyed(key: Row | None, statement: Awaitable[T]) -> T:
+    """What `statement` gives. Raises `KeyTaken` when it failed on the idempotency key `key`
+    (stored already: the statement wrote nothing)."""
+    try:
+        return await statement
+    except asyncpg.UniqueViolationError as exc:
+        if key is None or exc.constraint_name != _KEY_CONSTRAINT:
+            raise
+        raise KeyTaken(key["key"]) from None
 
 
 def _row(record: asyncpg.Record | None) -> Row | None:
@@ -755,18 +807,22 @@ class PostgresBackend:
                 found = await self._pool.fetchrow(query, *arguments(False))
         return None if found is None else self._learned(found)
 
-    async def create(self, row: Row, event_at: datetime) -> Row:
+    async def create(self, row: Row, event_at: datetime, key: Row | None = None) -> Row:
         created = self._links.first(row["approval_id"], event_at, created_event(row))
-        arguments = (*_new_arguments(row, event_at), created)
+        arguments: tuple[Any, ...] = (*_new_arguments(row, event_at), created)
+        query = _CREATE
+        if key is not None:
+            query = _CREATE_KEYED
+            arguments += (key["token_name"], key["route"], key["key"], key["body_digest"])
         # One statement inserts the record, or returns the active one when the insert met
         # it. An active record committed after the statement's snapshot is not visible to
         # it: then it is read on its own (and should it have finished since, insert again).
-        found = await self._pool.fetchrow(_CREATE, *arguments)
+        found = await _keyed(key, self._pool.fetchrow(query, *arguments))
         while found is None:
             active = await self._one(_ACTIVE, row["run_id"], row["call_id"])
             if active is not None:
                 return active
-            found = await self._pool.fetchrow(_CREATE, *arguments)
+            found = await _keyed(key, self._pool.fetchrow(query, *arguments))
         return self._learned(found)
 
     async def claim(
@@ -860,6 +916,19 @@ class PostgresBackend:
         if change.changed is not None:
             return Claimed("taken", change.changed)
         return Claimed("in_use", change.existing or active)
+
+    async def keep_results(self, kept: Sequence[tuple[str, str]], at: datetime) -> None:
+        async with self._pool.acquire() as connection, connection.transaction():
+            for approval_id, result in kept:
+                # Locked, so that a finish (a save) or a second keeping waits for this one.
+                if await connection.fetchval(_KEEPABLE, approval_id) is not None:
+                    await _log(
+                        connection, approval_id, at, EventValues("kept", None, "executor", result)
+                    )
+
+    async def kept_result(self, approval_id: str) -> str | None:
+        found = await self._pool.fetchval(_KEPT, approval_id)
+        return None if found is None else str(found)
 
     async def refuse(
         self, approval_id: str, at: datetime, event: EventValues, once: Once | None = None
@@ -1168,10 +1237,20 @@ class PostgresBackend:
         return rows
 
     async def insert_run(
-        self, row: Row, reviews: Sequence[Row] = (), announcing: Announcing | None = None
+        self,
+        row: Row,
+        reviews: Sequence[Row] = (),
+        announcing: Announcing | None = None,
+        key: Row | None = None,
     ) -> Row | None:
         # One statement: `announcing` is left to `announce` (no `deliveries` in the row).
         values = [row.get(name) for name in RUN_COLUMN_NAMES]
+        if key is not None:
+            if reviews:
+                raise ValueError("a run is written with its idempotency key before any review")
+            named = (key["token_name"], key["route"], key["key"], key["body_digest"])
+            inserting = self._pool.fetchrow(_INSERT_RUN_KEYED, *values, row["run_id"], *named)
+            return _row(await _keyed(key, inserting))
         if not reviews:
             return await self._one(_INSERT_RUN, *values, row["run_id"])
         columns = [[review[name] for review in reviews] for name in _NEW_NAMES]
@@ -1189,6 +1268,15 @@ class PostgresBackend:
         for review, hash_ in zip(reviews, created, strict=True):
             self._links.learn(review, (1, hash_))
         return inserted
+
+    async def find_key(self, token_name: str, route: str, key: str) -> Row | None:
+        return await self._one(_FIND_KEY, token_name, route, key)
+
+    async def insert_key(self, row: Row) -> None:
+        await _keyed(row, self._pool.execute(_INSERT_KEY, *(row[name] for name in _KEY_NAMES)))
+
+    async def prune_keys(self, before: datetime) -> None:
+        await self._pool.execute(_PRUNE_KEYS, before)
 
     async def get_run(self, run_id: str) -> Row | None:
         return await self._one(_GET_RUN, run_id)
@@ -1315,6 +1403,10 @@ class _Heard(Listening):
     @property
     def connected(self) -> bool:  # type: ignore[override]
         return self._listener.connected
+
+    @property
+    def ended(self) -> bool:
+        return self._listener.ended
 
     async def __call__(self) -> None:
         leave, self._leave = self._leave, lambda: None  # stopping twice leaves once

@@ -27,6 +27,7 @@ __all__ = [
     "approvals",
     "deliveries",
     "events",
+    "idempotency_keys",
     "listeners",
     "metadata",
     "processed_messages",
@@ -270,3 +271,20 @@ processed_messages = Table(
     Column("approval_id", String(64), nullable=False),  # the review it was processed on first
     Column("at", UTCDateTime, nullable=False),
 )
+
+# The `Idempotency-Key` of each API request that made a run or an approval, or answered with
+# one (`POST /runs`, `POST /approvals`; migration 0017), per token, route and key: written in
+# the transaction that writes what it names, so that a repeat finds both or neither. Kept at
+# least a day (`KEYS_KEPT` in store.py), then pruned by a later keyed write.
+idempotency_keys = Table(
+    "idempotency_keys",
+    metadata,
+    Column("token_name", String(320), primary_key=True),  # the API token's name
+    Column("route", String(32), primary_key=True),  # POST /runs | POST /approvals
+    Column("key", String(200), primary_key=True),  # as the client sent it
+    Column("body_digest", String(64), nullable=False),  # SHA-256 of the canonical body
+    Column("target_id", String(64), nullable=False),  # the run id or the approval id
+    Column("created_at", UTCDateTime, nullable=False),
+)
+# The pruning of keys past their time.
+Index("idempotency_keys_age", idempotency_keys.c.created_at)

@@ -37,6 +37,7 @@ from nodbot.core.sqlstore.backend import (
     Claimed,
     EventRow,
     EventValues,
+    KeyTaken,
     Once,
     Repeat,
     Row,
@@ -127,6 +128,13 @@ _FINISH_SET = "finished_at = ?, outcome = ?"
 _FINISH_WHERE = "consumed_at IS NOT NULL AND finished_at IS NULL"
 _FINISH = f"UPDATE approvals SET {_FINISH_SET} WHERE approval_id = ? AND {_FINISH_WHERE}"
 _COUNTS = "SELECT status, count(*) FROM approvals GROUP BY status"
+# A consumed, unfinished review with no result kept yet, and the result kept of one.
+_KEEPABLE = (
+    "SELECT 1 FROM approvals WHERE approval_id = ? AND consumed_at IS NOT NULL "
+    "AND finished_at IS NULL AND NOT EXISTS "
+    "(SELECT 1 FROM events WHERE events.approval_id = approvals.approval_id AND kind = 'kept')"
+)
+_KEPT = "SELECT detail FROM events WHERE approval_id = ? AND kind = 'kept' ORDER BY seq LIMIT 1"
 _VOTES = "SELECT voter, decision FROM votes WHERE approval_id = ? ORDER BY seq"
 # A vote on an undecided review that needs one approval decides it: no votes to read.
 _SOLE_VOTE = (
@@ -183,6 +191,17 @@ _INSERT_RUN = (
 _COUNT_PENDING = "UPDATE runs SET pending = pending + ? WHERE run_id = ?"
 _SELECT_RUN = f"SELECT {RUN_COLUMNS} FROM runs WHERE run_id = ?"
 _GET_RUN = f"SELECT {RUN_COLUMNS}, pending FROM runs WHERE run_id = ?"
+# Idempotency keys (`idempotency_keys`): the insert does nothing when the key is there.
+_KEY_COLUMNS = ("token_name", "route", "key", "body_digest", "target_id", "created_at")
+_INSERT_KEY = (
+    f"INSERT INTO idempotency_keys ({', '.join(_KEY_COLUMNS)}) VALUES (?, ?, ?, ?, ?, ?) "
+    "ON CONFLICT DO NOTHING"
+)
+_FIND_KEY = (
+    f"SELECT {', '.join(_KEY_COLUMNS)} FROM idempotency_keys "
+    "WHERE token_name = ? AND route = ? AND key = ?"
+)
+_PRUNE_KEYS = "DELETE FROM idempotency_keys WHERE created_at < ?"
 """A run with how many of its reviews are pending (`RunRecord.pending`)."""
 _SAVE_RUN = (
     "UPDATE runs SET status = ?, messages = ?, final_text = ?, error = ?, updated_at = ?, "
@@ -228,6 +247,15 @@ def _text(moment: datetime) -> str:
     text = utc.isoformat(" ", "microseconds")[:26]
     _LAST_TEXT = (moment, text)
     return text
+
+
+def _insert_key(db: sqlite3.Connection, row: Row) -> None:
+    """Insert the idempotency key `row` in the transaction of `db`. Raises `KeyTaken` when
+    it is there already (the caller's transaction is then rolled back)."""
+    values = [row[name] for name in _KEY_COLUMNS]
+    values[-1] = _text(values[-1])
+    if not db.execute(_INSERT_KEY, values).rowcount:
+        raise KeyTaken(row["key"])
 
 
 def _moment(text: str) -> datetime:
@@ -559,16 +587,18 @@ class SqliteBackend:
     async def _fetch_all(self, query: str, parameters: Sequence[Any]) -> list[sqlite3.Row]:
         return await self._patiently(lambda: self._db.execute(query, parameters).fetchall())
 
-    async def create(self, row: Row, event_at: datetime) -> Row:
-        key = (row["run_id"], row["call_id"])
-        active = await self._fetch_one(_SELECT_ACTIVE, key)
+    async def create(self, row: Row, event_at: datetime, key: Row | None = None) -> Row:
+        call = (row["run_id"], row["call_id"])
+        active = await self._fetch_one(_SELECT_ACTIVE, call)
         if active is not None:
             return active  # a resume: no write transaction needed
 
         def work(db: sqlite3.Connection) -> Row:
             inserted = self._insert(db, row, event_at)
+            if inserted is not None and key is not None:
+                _insert_key(db, key)  # KeyTaken rolls the record back
             # None: another process made the active record since the read above.
-            return inserted or _row(db.execute(_SELECT_ACTIVE, key).fetchone()) or {}
+            return inserted or _row(db.execute(_SELECT_ACTIVE, call).fetchone()) or {}
 
         return await self._transaction(work)
 
@@ -613,6 +643,18 @@ class SqliteBackend:
             return Claimed(step, active)
 
         return await self._transaction(work)
+
+    async def keep_results(self, kept: Sequence[tuple[str, str]], at: datetime) -> None:
+        def work(db: sqlite3.Connection) -> None:
+            for approval_id, result in kept:
+                if db.execute(_KEEPABLE, (approval_id,)).fetchone() is not None:
+                    self._append(db, approval_id, at, EventValues("kept", None, "executor", result))
+
+        await self._transaction(work)
+
+    async def kept_result(self, approval_id: str) -> str | None:
+        found = await self._fetch_all(_KEPT, (approval_id,))
+        return str(found[0][0]) if found else None
 
     async def take_known(
         self,
@@ -948,7 +990,11 @@ class SqliteBackend:
         return await self._transaction(work)
 
     async def insert_run(
-        self, row: Row, reviews: Sequence[Row] = (), announcing: Announcing | None = None
+        self,
+        row: Row,
+        reviews: Sequence[Row] = (),
+        announcing: Announcing | None = None,
+        key: Row | None = None,
     ) -> Row | None:
         values = (*_run_values(row), row["run_id"])
         announced = (
@@ -964,6 +1010,8 @@ class SqliteBackend:
         )
 
         def work(db: sqlite3.Connection) -> Row | None:
+            if key is not None:
+                _insert_key(db, key)  # KeyTaken: nothing written
             try:
                 inserted = _run_row(db.execute(_INSERT_RUN, values).fetchone())
             except sqlite3.IntegrityError:
@@ -980,6 +1028,19 @@ class SqliteBackend:
             return inserted
 
         return await self._transaction(work)
+
+    async def find_key(self, token_name: str, route: str, key: str) -> Row | None:
+        found = await self._fetch_all(_FIND_KEY, (token_name, route, key))
+        if not found:
+            return None
+        row = dict(zip(_KEY_COLUMNS, found[0], strict=True))
+        return {**row, "created_at": _moment(row["created_at"])}
+
+    async def insert_key(self, row: Row) -> None:
+        await self._transaction(lambda db: _insert_key(db, row))
+
+    async def prune_keys(self, before: datetime) -> None:
+        await self._transaction(lambda db: db.execute(_PRUNE_KEYS, (_text(before),)))
 
     async def get_run(self, run_id: str) -> Row | None:
         def read() -> Sequence[Any] | None:
@@ -1012,7 +1073,7 @@ class SqliteBackend:
                     # (else: finished already, nothing to record)
                     self._append(db, approval_id, at, _finished_event(outcome))
 
-        return await self._run_change(_SAVE_RUN, parameters, run_id, before=finish, counted=True)
+        return await self._run_change(_SAVE_RUN, parameters, run_id, then=finish, counted=True)
 
     async def renew_claim(
         self, run_id: str, version: int, at: datetime, lease_until: datetime
@@ -1040,20 +1101,21 @@ class SqliteBackend:
         parameters: tuple[Any, ...],
         run_id: str,
         *,
-        before: Callable[[sqlite3.Connection], None] | None = None,
+        then: Callable[[sqlite3.Connection], None] | None = None,
         counted: bool = False,
     ) -> Change:
-        """`query` changes the run, after `before`; `counted`: it returns the run's pending
-        count after its columns (`_SAVE_RUN`)."""
+        """`query` changes the run, and then, if it did, `then` is done in the same
+        transaction; `counted`: it returns the run's pending count after its columns
+        (`_SAVE_RUN`)."""
 
         def work(db: sqlite3.Connection) -> Change:
-            if before is not None:
-                before(db)
             found = db.execute(query, parameters).fetchone()
             changed = _run_row(found[:-1] if counted and found is not None else found)
             if changed is not None:
                 if counted:
                     changed["pending"] = found[-1]
+                if then is not None:
+                    then(db)
                 return Change(changed, None)
             return Change(None, _run_row(self._fetch_run(db, run_id)))
 

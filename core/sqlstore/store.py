@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from datetime import datetime, timedelta
 from typing import Any, TypeAlias, TypeVar, cast
 from urllib.parse import urlencode
@@ -49,6 +49,7 @@ from nodbot.core.sqlstore.backend import (
     Backend,
     Change,
     EventValues,
+    KeyTaken,
     Repeat,
     Row,
     refusal_once,
@@ -75,6 +76,10 @@ from nodbot.core.store import (
     Claim,
     EventKind,
     Evidence,
+    IdempotencyKey,
+    IdempotencyKeyUsed,
+    KeptKey,
+    KeptResult,
     MessageAlreadyProcessed,
     message_of,
     refusal_detail,
@@ -89,12 +94,18 @@ DEFAULT_LOCK_TIMEOUT = 30.0
 """Seconds a SQLite write waits for another process's write lock before it fails."""
 TAKEN_KEPT = 4096
 """How many taken, unfinished records a store keeps to finish without reading them back."""
+KEYS_KEPT = timedelta(days=1)
+"""How long idempotency keys are kept at least: a repeat within it answers what the first
+request made. Older ones are deleted by a keyed write, at most every `KEYS_PRUNED_EVERY`."""
+KEYS_PRUNED_EVERY = timedelta(minutes=10)
+"""How often a store deletes the keys past `KEYS_KEPT` at most (before a keyed write)."""
 
 Clock: TypeAlias = Callable[[], datetime]
 _MESSAGES: TypeAdapter[list[Message]] = TypeAdapter(list[Message])
 _TIMEOUT_DECISIONS = {
     outcome: timeout_decision(outcome).model_dump_json() for outcome in ("approve", "deny")
 }
+_Problems: TypeAlias = list[str]
 _Records: TypeAlias = list[ApprovalRecord]
 _Deliveries: TypeAlias = list[Delivery]
 _Announcements: TypeAlias = list[Announcement]
@@ -102,6 +113,7 @@ _Events: TypeAlias = list[ApprovalEvent]
 _Runs: TypeAlias = list[RunRecord]
 K = TypeVar("K")
 V = TypeVar("V")
+T = TypeVar("T")
 
 
 class SqlApprovalStore:
@@ -163,6 +175,8 @@ class SqlApprovalStore:
         self._opened: dict[str, Opened] = {}
         """Per run whose draft a first save wrote with reviews, those reviews as written,
         until `opened_reviews` asks for them (at most `TAKEN_KEPT` runs)."""
+        self._keys_pruned: datetime | None = None
+        """When this store last deleted the idempotency keys past `KEYS_KEPT`."""
         self.sessions = SqlSessionRevocations(self.url, ready=self.open, clock=clock)
         """The web inbox's ended sessions, in this database (`core.sqlstore.sessions`)."""
         self.remembered = SqlRememberedApprovals(self.url, ready=self.open, clock=clock)
@@ -200,6 +214,8 @@ class SqlApprovalStore:
         await self._undraft(run_id=request.run_id)
         backend = await self._ready()
         now = self._clock()
+        if request.idempotency is not None:
+            return await self._create_keyed(backend, request, request.idempotency, now)
         with self._errors():
             return _record(await backend.create(_new_row(request, now), now))
 
@@ -225,7 +241,20 @@ class SqlApprovalStore:
         record = _record(claimed.row)
         if claimed.outcome == "taken" and record.finished_at is None:
             _keep(self._taken, record.approval_id, record)
+        if claimed.outcome == "in_use":  # an earlier step's call: with its result kept?
+            with self._errors():
+                kept = await backend.kept_result(record.approval_id)
+            if kept is not None:
+                return Claim(record, "ran", json.loads(kept)["result"])
         return Claim(record, claimed.outcome)
+
+    async def keep_results(self, kept: Sequence[tuple[str, KeptResult]]) -> None:
+        if not kept:
+            return
+        backend = await self._ready()
+        rows = [(approval_id, canonical_json({"result": result})) for approval_id, result in kept]
+        with self._errors():
+            await backend.keep_results(rows, self._clock())
 
     async def _take_known(
         self,
@@ -489,12 +518,17 @@ class SqlApprovalStore:
         run_id: str | None = None,
         lease: float = DEFAULT_LEASE,
         started_by: str | None = None,
+        idempotency: IdempotencyKey | None = None,
     ) -> RunRecord:
         row = self._new_run(agent, messages, worker, requested_by, run_id, lease, started_by)
         await self._undraft(run_id=row["run_id"])
         backend = await self._ready()
         with self._errors():
-            created = await backend.insert_run(row)
+            if idempotency is None:
+                created = await backend.insert_run(row)
+            else:
+                keyed = _key_row(idempotency, row["run_id"], row["created_at"])
+                created = await self._keyed(idempotency, lambda: backend.insert_run(row, key=keyed))
             if created is None:
                 existing = await backend.get_run(row["run_id"])
         if created is None:
@@ -514,6 +548,7 @@ class SqlApprovalStore:
         lease: float = DEFAULT_LEASE,
         started_by: str | None = None,
         announcer: Announcer | None = None,
+        idempotency: IdempotencyKey | None = None,
     ) -> RunRecord:
         """A new run, as `create_run` makes it, kept in this process until its first
         `save_run`: that writes it, the reviews its first step opened and the save in one
@@ -522,7 +557,21 @@ class SqlApprovalStore:
         (`core.sqlstore.drafts`). Its id is new, so nobody else can know it meanwhile.
 
         With `announcer`, the first save announces those reviews too, in its transaction,
-        where the backend can (SQLite; `opened_reviews` says whether it did)."""
+        where the backend can (SQLite; `opened_reviews` says whether it did).
+
+        With `idempotency`, no draft: the run is written at once with its key, as
+        `create_run` writes it, so that a repeat of its request (another process's too)
+        finds it while its first step goes on, and no second run starts."""
+        if idempotency is not None:
+            return await self.create_run(
+                agent=agent,
+                messages=messages,
+                worker=worker,
+                requested_by=requested_by,
+                lease=lease,
+                started_by=started_by,
+                idempotency=idempotency,
+            )
         await self._ready()  # the schema is checked now, as create_run would
         row = self._new_run(agent, messages, worker, requested_by, None, lease, started_by)
         self._drafts.add(row, announcer)
@@ -544,6 +593,49 @@ class SqlApprovalStore:
         """Drop the draft of a run that will not be saved (its start was cancelled): it was
         never written, nor were its reviews."""
         self._drafts.forget(run_id)
+
+    async def find_key(self, key: IdempotencyKey) -> KeptKey | None:
+        backend = await self._ready()
+        with self._errors():
+            row = await backend.find_key(key.token_name, key.route, key.key)
+        if row is None:
+            return None
+        return KeptKey(row["body_digest"], row["target_id"], row["created_at"])
+
+    async def keep_key(self, key: IdempotencyKey, target_id: str) -> None:
+        backend = await self._ready()
+        keyed = _key_row(key, target_id, self._clock())
+        await self._keyed(key, lambda: backend.insert_key(keyed))
+
+    async def _create_keyed(
+        self, backend: Backend, request: ApprovalRequest, key: IdempotencyKey, now: datetime
+    ) -> ApprovalRecord:
+        """`create` of a request with its idempotency key: written with the record it makes,
+        in its transaction, or (the call had an active record, for the same tool and
+        arguments) on its own, naming that; a record of another call is named by no key."""
+        new = _new_row(request, now)
+        keyed = _key_row(key, new["approval_id"], now)
+        row = await self._keyed(key, lambda: backend.create(new, now, keyed))
+        same = row["tool"] == request.tool and row["digest"] == request.digest
+        if row["approval_id"] != new["approval_id"] and same:
+            await self.keep_key(key, row["approval_id"])
+        return _record(row)
+
+    async def _keyed(self, key: IdempotencyKey, write: Callable[[], Awaitable[T]]) -> T:
+        """`write()`, which writes `key` with what it names. Raises `IdempotencyKeyUsed` when
+        the key is stored already. The keys past `KEYS_KEPT` are deleted first, at most
+        every `KEYS_PRUNED_EVERY` (one indexed statement)."""
+        backend = await self._ready()
+        now = self._clock()
+        if self._keys_pruned is None or now - self._keys_pruned >= KEYS_PRUNED_EVERY:
+            with self._errors():
+                await backend.prune_keys(now - KEYS_KEPT)
+            self._keys_pruned = now
+        try:
+            with self._errors():
+                return await write()
+        except KeyTaken:
+            raise IdempotencyKeyUsed(key=key, kept=await self.find_key(key)) from None
 
     def _new_run(
         self,
@@ -798,6 +890,13 @@ class SqlApprovalStore:
         while it is not (see `BotService`)."""
         return self._backend is not None and self._backend.backlogged
 
+    def problems(self) -> _Problems:
+        """What keeps the store from working well though it answers, in words (`/healthz`
+        says it): the WAL checkpoints of a SQLite file failing."""
+        checkpointer = getattr(self._backend, "checkpointer", None)
+        failing = getattr(checkpointer, "failing", None)
+        return [] if failing is None else [f"the SQLite log cannot be checkpointed: {failing}"]
+
     async def listen(self, woken: Callable[[], None]) -> Listening:
         """Call `woken()` whenever any process decides an approval in this database
         (PostgreSQL: this store's decisions in this process, other stores' by LISTEN/NOTIFY;
@@ -871,6 +970,18 @@ def _keep(kept: dict[K, V], key: K, record: V) -> None:
     kept[key] = record
     while len(kept) > TAKEN_KEPT:
         del kept[next(iter(kept))]
+
+
+def _key_row(key: IdempotencyKey, target_id: str, at: datetime) -> Row:
+    """The `idempotency_keys` row of `key`, naming `target_id` (a run or an approval)."""
+    return {
+        "token_name": key.token_name,
+        "route": key.route,
+        "key": key.key,
+        "body_digest": key.body_digest,
+        "target_id": target_id,
+        "created_at": at,
+    }
 
 
 def _sqlite_target(url: URL) -> tuple[str, bool]:

@@ -4,7 +4,9 @@ Every run asks for one refund (of the amount in its input, as `refund <order> <a
 and then answers. `RUNS` is shared by every bot of the process, so replicas can be counted;
 a bot in another process appends `<order> <amount>` lines to the file named by
 `NODBOT_TEST_LEDGER`. A refund of an order whose id starts with `stuck` never returns (for
-60 s): the bot can be killed while the tool runs.
+60 s): the bot can be killed while the tool runs. One whose id starts with `held` returns
+once a file named as the ledger with `.go` added exists (at most 60 s): a test can do
+something while the tool runs, then let it return.
 """
 
 from __future__ import annotations
@@ -39,6 +41,10 @@ def refund(order_id: str, amount: float) -> str:
             file.write(f"{order_id} {amount}\n")
     if order_id.startswith("stuck"):
         time.sleep(60)
+    if order_id.startswith("held") and ledger:
+        until = time.monotonic() + 60
+        while not os.path.exists(f"{ledger}.go") and time.monotonic() < until:
+            time.sleep(0.01)
     return f"refunded {amount} on {order_id}"
 
 

@@ -225,12 +225,13 @@ async def test_a_review_is_finished_by_the_save_of_the_step_that_ran_its_call(
     assert kinds == ["created", "voted", "decided", "consumed", "finished"]
 
 
-async def test_a_step_taken_over_after_its_call_ran_still_finishes_the_review(
+async def test_a_step_taken_over_after_its_call_ran_hands_its_result_to_the_next(
     make_bot: MakeBot,
 ) -> None:
     """The worker's lease runs out after the tool ran and another worker claims the run: the
-    late save is refused (`RunConflict`), but the review it spent is recorded finished all
-    the same, so the worker that took over is refused the decision, not handed it again."""
+    late save is refused (`RunConflict`) and finishes nothing, but the call's result is kept
+    with its review; the worker that took over answers the call with it (the tool does not
+    run again), and its save finishes the review."""
     bot = await make_bot()
 
     async def taken_over() -> None:
@@ -245,8 +246,23 @@ async def test_a_step_taken_over_after_its_call_ran_still_finishes_the_review(
     with pytest.raises(RunConflict):
         await advance_run(claimed, agent=bot.agent, executor=bot.executor, runs=bot.runs)
     record = await bot.approvals.get(approval_id)
-    assert (record.finished, record.outcome) == (True, "ok")
+    assert (record.consumed, record.finished) == (True, False)
     assert bot.refunds == [120.0]
+    events = await bot.approvals.events(approval_id)
+    [kept] = [event for event in events if event.kind == "kept"]
+    assert kept.detail["result"]["status"] == "ok"
+
+    bot.agent = Agent(Watching(bot.approvals, nothing), bot.agent.tools)
+    taker = await bot.runs.get_run(claimed.run_id)
+    assert taker.claimed_by == "w3"
+    finished = await advance_run(taker, agent=bot.agent, executor=bot.executor, runs=bot.runs)
+    assert finished.status == "finished"
+    assert bot.refunds == [120.0]  # answered with the kept result: not run again
+    [answer] = [m for m in finished.messages if isinstance(m, ToolMessage)]
+    assert answer.status == "ok" and answer.arguments == {"order_id": "A-1", "amount": 120.0}
+    assert answer.content == "{\"result\":\"refunded 120.0 on A-1\"}"
+    record = await bot.approvals.get(approval_id)
+    assert (record.finished, record.outcome) == (True, "ok")
 
 
 async def test_an_expired_claim_cannot_be_renewed_even_before_a_takeover(make_bot: MakeBot) -> None:
