@@ -38,6 +38,7 @@ from nodbot.core import (
 )
 from nodbot.core.bridges.common import NO_CALL_ID, PendingCall, Resolution
 from nodbot.core.bridges.hosted import HostedAgent, HostedStep, RunStates
+from nodbot.core.store import IdempotencyKey
 from nodbot.core.tools import arguments_digest
 
 __all__ = ["HostedRuns"]
@@ -77,7 +78,10 @@ class HostedRuns:
         requested_by: str | None,
         *,
         started_by: str | None = None,
+        idempotency: IdempotencyKey | None = None,
     ) -> RunRecord:
+        """Start a run of `agent`; with `idempotency`, its key is written with the run, in
+        its transaction (`IdempotencyKeyUsed` when it is stored already: nothing started)."""
         run: RunRecord = await self.store.create_run(
             agent=name,
             messages=[HumanMessage(content=text)],
@@ -85,6 +89,7 @@ class HostedRuns:
             requested_by=requested_by,
             lease=self.lease,
             started_by=started_by,
+            idempotency=idempotency,
         )
         try:
             step = await agent.start(text, run_id=run.run_id)

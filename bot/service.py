@@ -286,13 +286,16 @@ class BotService:
         await self._admitted()
         if agent in self.hosted and self._hosted_runs is not None:
             run = await self._hosted_runs.start(
-                agent, self.hosted[agent], text, requested_by, started_by=started_by
+                agent,
+                self.hosted[agent],
+                text,
+                requested_by,
+                started_by=started_by,
+                idempotency=idempotency,
             )
             self.counters["runs_started"] += 1
             self._changed(run.run_id)
             self._outbox_wake.set()  # its calls may wait for review now: announce them
-            if idempotency is not None:  # HostedRuns writes its run itself: the key after it
-                await self.store.keep_key(idempotency, run.run_id)
             return run, None
         chosen = self.agent(agent)
         # A draft: the run, the reviews its first step opens and the step's save are written

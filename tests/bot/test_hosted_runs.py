@@ -218,3 +218,19 @@ async def test_nodbot_runs_start_starts_a_hosted_run(
     said = await run_runs_command(build_parser().parse_args(start))
     assert said.startswith("run run_") and "of scripted: waiting" in said
     assert "waits for approval apr_" in said
+
+
+async def test_a_hosted_start_sent_again_with_its_key_makes_one_run(bot: Served) -> None:
+    """`Idempotency-Key` on a framework agent's start: its key is written with the run, so a
+    repeat answers that run and starts nothing."""
+    keyed = {**STARTER, "Idempotency-Key": "start-o-8"}
+    async with httpx.AsyncClient(base_url=bot.url, timeout=30) as client:
+        body = {"agent": "scripted", "input": "o-8"}
+        first = await client.post("/runs", json=body, headers=keyed)
+        again = await client.post("/runs", json=body, headers=keyed)
+        assert (first.status_code, again.status_code) == (201, 201), again.text
+        assert again.json()["run_id"] == first.json()["run_id"]
+        other = await client.post("/runs", json={**body, "input": "o-9"}, headers=keyed)
+        assert other.status_code == 409, other.text
+        listed = (await client.get("/approvals?status=pending", headers=LEAD)).json()
+        assert {view["run_id"] for view in listed} == {first.json()["run_id"]}
