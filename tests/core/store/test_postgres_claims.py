@@ -34,8 +34,8 @@ class Sent:
         self.queries: list[str] = []
         pool = store._backend._pool  # type: ignore[union-attr]
         assert pool._idle, "the store has no connection open yet"
-        for connection in pool._idle:
-            connection.add_query_logger(self._logged)
+        for idle in pool._idle:  # each idle connection, as the pool keeps it (`_Heard`)
+            idle.connection.add_query_logger(self._logged)
 
     def _logged(self, record: asyncpg.connection.LoggedQuery) -> None:
         self.queries.append(record.query)
