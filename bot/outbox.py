@@ -310,12 +310,28 @@ class Dispatcher:
         announced twice (the store makes a review's deliveries once). Raises what the store
         raises; what is left unannounced, the lane's next step finds."""
         made = await asyncio.gather(
-            *(self._announce(Announcement(record, "request"), True) for record in records)
+            *(self._announce(Announcement(record, "request"), True) for record in records),
+            return_exceptions=True,
         )
-        held = [pair for pairs in made for pair in pairs]
-        for delivery, record in held:
-            self._start(delivery, record)
-        return len(held)
+        return self._start_made(made)
+
+    def _start_made(
+        self, made: Sequence[list[tuple[Delivery, ApprovalRecord]] | BaseException]
+    ) -> int:
+        """Start the deliveries that announcements side by side made claimed by this worker,
+        each with its review; then raise the first failure among them, if any. Those that
+        succeeded are started all the same: claimed by this worker, nobody else would send
+        them before their lease ran out."""
+        started = 0
+        for outcome in made:
+            if not isinstance(outcome, BaseException):
+                for delivery, record in outcome:
+                    self._start(delivery, record)
+                    started += 1
+        for outcome in made:
+            if isinstance(outcome, BaseException):
+                raise outcome
+        return started
 
     async def announce(self) -> int:
         """Make the deliveries of every review with something to announce, none of them
@@ -328,8 +344,19 @@ class Dispatcher:
         held: list[tuple[Delivery, ApprovalRecord]] = []
         while announcements := await self.store.unannounced(limit=ANNOUNCE_BATCH):
             # Side by side: each is its own statement, and on PostgreSQL its own round trip.
-            for made in await asyncio.gather(*(self._announce(a, claim) for a in announcements)):
-                held.extend(made)
+            made = await asyncio.gather(
+                *(self._announce(a, claim) for a in announcements), return_exceptions=True
+            )
+            failed = [outcome for outcome in made if isinstance(outcome, BaseException)]
+            if failed:
+                # What was made before the failure is started here (the caller gets the
+                # failure, not the list): claimed by this worker, it would wait for its lease.
+                for delivery, record in held:
+                    self._start(delivery, record)
+                self._start_made(made)  # raises the first failure
+            for outcome in made:
+                assert not isinstance(outcome, BaseException)
+                held.extend(outcome)
             if len(announcements) < ANNOUNCE_BATCH:
                 break  # that was all: no need to ask again
         return held

@@ -122,8 +122,9 @@ class RulesPort(DeferredApproval):
         registry: ToolRegistry | None = None,
         authorize: Authorize | None = None,
         in_flight_wait: float | None = None,
+        actor: str | None = None,
     ) -> None:
-        super().__init__(store, in_flight_wait=in_flight_wait)
+        super().__init__(store, actor=actor, in_flight_wait=in_flight_wait)
         self.config = config
         self._clock = clock
         self.registry = registry
@@ -413,12 +414,15 @@ def rules_executor(
     *,
     clock: Callable[[], datetime] = utc_now,
     authorize: Authorize | None = None,
+    worker: str | None = None,
 ) -> Executor:
     """An executor over `registry` that puts every call to the rules of `config`, for the
     steps of durable runs; `clock` dates the deadlines of new reviews, `authorize` checks
     the reviewers of remembered approvals (`RulesPort`). A call found in flight (an earlier
     step of its run consumed its decision and kept no result yet) is waited for for one
-    `workers.lease` before it is denied (`DeferredApproval`'s `in_flight_wait`)."""
+    `workers.lease` before it is denied (`DeferredApproval`'s `in_flight_wait`); `worker`
+    (unique to the process) consumes the decisions, so that a claim whose answer was lost
+    is known for this worker's own."""
     every_call: Sequence[InterruptRule] = (InterruptRule(tool="*"),)
     port = RulesPort(
         config,
@@ -427,5 +431,6 @@ def rules_executor(
         registry=registry,
         authorize=authorize,
         in_flight_wait=float(config.workers.lease),
+        actor=worker,
     )
     return Executor(registry, approval=port, rules=every_call)

@@ -194,7 +194,9 @@ class BotService:
             registry = ToolRegistry.merged(agent.tools for agent in self.agents.values())
         self.registry = registry
         self._executors: dict[str, Executor] = {
-            name: rules_executor(agent.tools, config, store, authorize=authorize)
+            name: rules_executor(
+                agent.tools, config, store, authorize=authorize, worker=self.worker
+            )
             for name, agent in agents.items()
         }
         self._wake = asyncio.Event()
@@ -217,6 +219,8 @@ class BotService:
         self._expiry_looked = float("-inf")
         """When (the loop's clock) the runs' lane last looked for reviews past their deadline."""
         self._unanswered: set[str] = set()
+        self._in_flight_until: dict[str, float] = {}
+        """Runs of `_unsaved` whose call is in flight elsewhere: when to look again."""
         self._announcing: set[asyncio.Task[None]] = set()
         """The announcements of reviews just opened still going (`_announce_opened`)."""
         self._advancing: set[asyncio.Task[None]] = set()
@@ -569,7 +573,7 @@ class BotService:
         try:
             run = await self._advance(run)
         except CallInFlight:
-            self._look_again_later()  # tried again (`_again`): no failure of the store
+            self._look_again_later(run.run_id)  # tried again (`_again`): no store failure
             return
         except StoreError as exc:
             # Tried again (`_again`) by the next step, which this failure fails first.
@@ -634,7 +638,11 @@ class BotService:
         for run_id in list(self._unanswered):
             await self.dispatcher.answer(run_id)
             self._unanswered.discard(run_id)
+        now = asyncio.get_running_loop().time()
         for run_id in list(self._unsaved):
+            if self._in_flight_until.get(run_id, now) > now:
+                continue  # its call in flight is looked at again later (`_look_again_later`)
+            self._in_flight_until.pop(run_id, None)
             run = await self.store.get_run(run_id)
             self._unsaved.discard(run_id)
             if run.status != "running" or run.claimed_by != self.worker:
@@ -642,15 +650,18 @@ class BotService:
             try:
                 await self._advance(run)
             except CallInFlight:
-                self._look_again_later()  # still in flight: kept in `_unsaved`
+                self._look_again_later(run_id)  # still in flight: kept in `_unsaved`
                 continue
             advanced += 1
         return advanced
 
-    def _look_again_later(self) -> None:
-        """Wake the runs' lane in `IN_FLIGHT_LOOK` seconds, for the runs whose calls are in
-        flight in an earlier step (`CallInFlight`), which wait in `_unsaved` meanwhile."""
-        asyncio.get_running_loop().call_later(IN_FLIGHT_LOOK, self._wake.set)
+    def _look_again_later(self, run_id: str) -> None:
+        """Look at a run whose call is in flight in an earlier step (`CallInFlight`) again in
+        `IN_FLIGHT_LOOK` seconds, not before: it waits in `_unsaved` meanwhile, and the
+        runs' lane is woken then."""
+        loop = asyncio.get_running_loop()
+        self._in_flight_until[run_id] = loop.time() + IN_FLIGHT_LOOK
+        loop.call_later(IN_FLIGHT_LOOK, self._wake.set)
 
     async def _advance(self, run: RunRecord) -> RunRecord:
         before = run.status

@@ -236,6 +236,7 @@ class Executor:
         result: KeptResult | None = None
         try:
             if answer.kept is not None:
+                result = answer.kept  # kept again if this step cannot be saved either
                 value, arguments = _kept(tool, answer.kept)  # an earlier step ran it
                 outcome = "ok"
                 return value, arguments

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Protocol, TypeAlias, runtime_checkable
 
 from nodbot.core.decisions import Decision, as_decision
-from nodbot.core.errors import ApprovalMismatchError, CallInFlight
+from nodbot.core.errors import ApprovalMismatchError, CallInFlight, StoreError
 from nodbot.core.retrying import until_written
 from nodbot.core.store import (
     CONCURRENT_USE_REASON,
@@ -44,6 +44,8 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 NO_PORT_REASON = "no approval port configured"
+UNANSWERED_KEPT = 10_000
+"""Calls whose claim's answer was lost that a `DeferredApproval` remembers at most."""
 
 
 @dataclass(frozen=True)
@@ -154,6 +156,10 @@ class DeferredApproval:
       saved): answered with that result; the tool does not run again.
     - Finished: history; the same call asked again opens a new review.
 
+    With an `actor` unique to its process (a durable run's worker), a call whose claim
+    failed as the store answered, and that finds its decision consumed by that actor, takes
+    it: the lost claim took it, and nothing ran.
+
     With `in_flight_wait` (a durable run's worker: its lease), a call found in use with no
     result kept is not denied at once: for that many seconds after this port first found
     it so, asking raises `CallInFlight` (a `StoreError`: the step is tried again later),
@@ -176,17 +182,32 @@ class DeferredApproval:
         """How long `settle` tries again while the store is unavailable: the tool has run,
         and its decision must be recorded as spent."""
         self.in_flight_wait = in_flight_wait
+        self._unanswered: dict[tuple[str, str], None] = {}
+        """Calls (run id, call id) whose last claim failed as the store answered (oldest
+        first, `UNANSWERED_KEPT` at most): it may have taken their decisions."""
         self._in_flight: dict[str, float] = {}
         """Calls found in flight, by approval id: when (`time.monotonic`) first."""
 
     async def request(self, request: ApprovalRequest) -> PortAnswer:
-        claim = await self.store.claim(request, actor=self.actor)
+        call = (request.run_id, request.call_id)
+        try:
+            claim = await self.store.claim(request, actor=self.actor)
+        except StoreError:
+            if self.actor is not None:  # it may have taken the decision: see `_took_it`
+                self._unanswered[call] = None
+                while len(self._unanswered) > UNANSWERED_KEPT:
+                    del self._unanswered[next(iter(self._unanswered))]
+            raise
+        unanswered = self._unanswered.pop(call, False) is None
         record = claim.record
         if claim.outcome == "mismatch":
             raise _mismatch(record, request)
         if claim.outcome == "pending":
             return Waiting(record.approval_id)
         if claim.outcome == "in_use":
+            if unanswered and await self._took_it(record):
+                assert record.decision is not None
+                return Decided(record.decision, record.approval_id)
             self._wait_in_flight(record.approval_id)
             return Decided(_denied(CONCURRENT_USE_REASON, "nodbot"), record.approval_id)
         assert record.decision is not None  # a claim only takes decided records
@@ -194,6 +215,20 @@ class DeferredApproval:
             self._in_flight.pop(record.approval_id, None)
             return Decided(record.decision, record.approval_id, kept=claim.result)
         return Decided(record.decision, record.approval_id)
+
+    async def _took_it(self, record: ApprovalRecord) -> bool:
+        """Whether this port took the decision of `record` by a claim whose answer was lost
+        (the store failed as it answered): the decision was consumed by this port's `actor`
+        (unique to its process), and nothing ran, since nothing runs before a claim has
+        answered. The call then takes it, as that claim would have."""
+        consumed = [e for e in await self.store.events(record.approval_id) if e.kind == "consumed"]
+        took = bool(consumed) and consumed[-1].actor == self.actor
+        if took:
+            log.warning(
+                "approval %s was taken by a claim whose answer was lost; its call takes it now",
+                record.approval_id,
+            )
+        return took
 
     def _wait_in_flight(self, approval_id: str) -> None:
         """Raise `CallInFlight` while the call found in use may yet get its result kept."""

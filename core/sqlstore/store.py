@@ -679,11 +679,13 @@ class SqlApprovalStore:
         backend = await self._ready()
         with self._errors():
             written = await backend.insert_run(row or draft.run, draft.reviews, announcing)
-        if written is None:
+            if written is None:
+                # Its id is this draft's own (new, random): an earlier attempt of this write
+                # committed and its answer was lost. It stands, as read back.
+                written = await backend.get_run(draft.run["run_id"])
+        if written is None:  # cannot be: it was there a statement ago, and runs stay
             run_id = draft.run["run_id"]
-            raise RunConflict(
-                run_id=run_id, expected=0, found=0, reason="a run with this id exists"
-            )
+            raise RunConflict(run_id=run_id, expected=0, found=0, reason="the run went away")
         return written
 
     async def get_run(self, run_id: str) -> RunRecord:

@@ -16,6 +16,10 @@ Faults come from a `random.Random(seed)`: a run's choices of when, which and how
 the same for the same seed (what they hit depends on the traffic). The proxy is a fake at the
 network seam: the client's driver and the server are the real ones, unchanged.
 
+It can lose an answer: with `lose_answer_to`, the first statement sent whose text holds
+given bytes is run by the server (and committed, outside a transaction), and the connection
+is dropped as the answer to its run comes back.
+
 It can also hold a server's goodbye: with `hold_goodbyes`, what a server sends before it
 closes a connection (PostgreSQL's FATAL error for a terminated session) reaches the client,
 but the close does not until `let_go()`: the client sees the error of a session that has
@@ -57,6 +61,8 @@ class Faults:
     """Connections refused (closed as soon as accepted)."""
     held: int = 0
     """Server closes held back (`hold_goodbyes`)."""
+    lost_answers: int = 0
+    """Answers dropped with their connection (`lose_answer_to`)."""
 
 
 @dataclass(frozen=True)
@@ -85,6 +91,8 @@ class Link:
     """Clear while the link is stalled."""
     server_closed: bool = False
     """Whether the server has closed its side (its goodbye may be held)."""
+    losing: bool = False
+    """The server's next answer to a statement's run is to be lost (`lose_answer_to`)."""
     _resume: asyncio.TimerHandle | None = None
 
     def __post_init__(self) -> None:
@@ -125,6 +133,11 @@ class FaultProxy:
         self.faults = Faults()
         self.hold_goodbyes = False
         """While True, a server's close is held back from its client until `let_go()`."""
+        self.lose_answer_to: bytes | None = None
+        """Bytes of a statement's text (sent when a connection prepares it, the first time
+        it runs it): the connection that sends them is dropped as the server answers the
+        statement's run (its first answer with a BindComplete message), after it ran (and
+        committed, outside a transaction). Once: it is None again after."""
 
     @property
     def port(self) -> int:
@@ -235,6 +248,13 @@ class FaultProxy:
         try:
             while data := await reader.read(CHUNK):
                 await link.flowing.wait()
+                if upstream and self.lose_answer_to is not None and self.lose_answer_to in data:
+                    self.lose_answer_to = None
+                    link.losing = True
+                elif not upstream and link.losing and _binds(data):
+                    self.faults.lost_answers += 1
+                    link.drop()  # the statement ran; its answer never arrives
+                    break
                 writer.write(data)
                 await writer.drain()
         except (OSError, asyncio.IncompleteReadError):
@@ -248,6 +268,18 @@ class FaultProxy:
             writer.close()
         if not upstream:
             link.server.transport.abort()  # the server is gone: nothing more to say to it
+
+
+def _binds(data: bytes) -> bool:
+    """Whether the server's bytes hold a BindComplete message (the answer to a statement's
+    run, not to its preparation); `data` starts at a message's start, as a server's answer
+    read whole does (a message cut across reads is looked at no further)."""
+    at = 0
+    while at + 5 <= len(data):
+        if data[at : at + 1] == b"2":
+            return True
+        at += 1 + int.from_bytes(data[at + 1 : at + 5], "big")
+    return False
 
 
 @contextlib.asynccontextmanager
