@@ -159,6 +159,9 @@ class Dispatcher:
         self.counters.update(deliveries_sent=0, deliveries_failed=0)
         self._sending: set[asyncio.Task[bool]] = set()
         """The deliveries started that are still going."""
+        self._sending_ids: set[int] = set()
+        """The ids of the deliveries started that are still going (a claim passes them: it
+        takes back the others this worker holds and lost track of)."""
         self._last: dict[str, asyncio.Task[bool]] = {}
         """The last delivery started of each review that has one still going."""
         self._claim_wanted = True
@@ -222,7 +225,8 @@ class Dispatcher:
         task = asyncio.get_running_loop().create_task(self._deliver_after(before, delivery, known))
         self._last[delivery.approval_id] = task
         self._sending.add(task)
-        task.add_done_callback(lambda done: self._ended(delivery.approval_id, done))
+        self._sending_ids.add(delivery.delivery_id)
+        task.add_done_callback(lambda done: self._ended(delivery, done))
         return task
 
     async def _deliver_after(
@@ -249,10 +253,11 @@ class Dispatcher:
         self._due_later(self._clock() + timedelta(seconds=self.lease))
         return False
 
-    def _ended(self, approval_id: str, task: asyncio.Task[bool]) -> None:
+    def _ended(self, delivery: Delivery, task: asyncio.Task[bool]) -> None:
         self._sending.discard(task)
-        if self._last.get(approval_id) is task:
-            del self._last[approval_id]
+        self._sending_ids.discard(delivery.delivery_id)
+        if self._last.get(delivery.approval_id) is task:
+            del self._last[delivery.approval_id]
 
     def _should_claim(self) -> bool:
         """Whether the lane claims at this step: its last claim was full, or a delivery may
@@ -271,7 +276,7 @@ class Dispatcher:
         while self._later and self._later[0] <= now:
             heapq.heappop(self._later)  # due by now: this claim finds it
         claimed = await self.store.claim_deliveries(
-            worker=self.worker, lease=self.lease, limit=DELIVERY_BATCH
+            worker=self.worker, lease=self.lease, limit=DELIVERY_BATCH, sending=self._sending_ids
         )
         self._claim_wanted = len(claimed) >= DELIVERY_BATCH
         return claimed

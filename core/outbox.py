@@ -22,7 +22,7 @@ goes on from the step that failed.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal, Protocol, TypeAlias, runtime_checkable
@@ -30,6 +30,7 @@ from typing import Any, Literal, Protocol, TypeAlias, runtime_checkable
 from nodbot.core.store import ApprovalRecord
 
 __all__ = [
+    "ORPHANED",
     "Announcement",
     "Announcer",
     "Delivery",
@@ -40,6 +41,10 @@ __all__ = [
     "Outbox",
     "Stage",
 ]
+
+ORPHANED = 5.0
+"""Seconds after which a delivery a worker claimed and is not sending is taken to be lost
+track of (`claim_deliveries`' `sending`): far longer than a claim takes to be started."""
 
 Stage: TypeAlias = Literal["request", "outcome"]
 """What is announced about a review: that it opened, or how it was decided."""
@@ -152,9 +157,18 @@ class Outbox(Protocol):
         ...
 
     async def claim_deliveries(
-        self, *, worker: str, lease: float, limit: int = 50
+        self,
+        *,
+        worker: str,
+        lease: float,
+        limit: int = 50,
+        sending: Collection[int] | None = None,
     ) -> list[Delivery]:
-        """Claim up to `limit` due deliveries for `lease` seconds, soonest due first."""
+        """Claim up to `limit` due deliveries for `lease` seconds, soonest due first. With
+        `sending` (the ids of the deliveries `worker` is sending now), also those claimed by
+        `worker` at least `ORPHANED` seconds ago that it is not sending: claims it lost
+        track of (an answer lost as the store committed them, an announcement that failed
+        beside them), which would otherwise wait for their lease to run out."""
         ...
 
     async def delivered(

@@ -654,9 +654,16 @@ class Backend(Protocol):
         ...
 
     async def claim_deliveries(
-        self, worker: str, at: datetime, lease_until: datetime, limit: int
+        self,
+        worker: str,
+        at: datetime,
+        lease_until: datetime,
+        limit: int,
+        lost: tuple[datetime, list[int]] | None = None,
     ) -> list[Row]:
-        """Claim due deliveries (unclaimed, or whose lease ran out), soonest due first."""
+        """Claim due deliveries (unclaimed, or whose lease ran out), soonest due first; with
+        `lost` (a time, and ids), also those `worker` holds until that time or before, but
+        those ids (the claims it lost track of: see `Outbox.claim_deliveries`)."""
         ...
 
     async def settle_delivery(

@@ -489,6 +489,13 @@ WITH picked AS (
 UPDATE deliveries SET claimed_by = $1, lease_until = $2
 WHERE seq = ANY (ARRAY (SELECT seq FROM picked))
 RETURNING {DELIVERY_COLUMNS}"""
+# The same with the deliveries a worker holds and lost track of (`Outbox.claim_deliveries`):
+# held by $1 until $5 or before, but the ids $6.
+_CLAIM_DELIVERIES_OR_LOST = _CLAIM_DELIVERIES.replace(
+    "(lease_until IS NULL OR lease_until <= $3)",
+    "(lease_until IS NULL OR lease_until <= $3"
+    " OR (claimed_by = $1 AND lease_until <= $5 AND seq <> ALL ($6::bigint[])))",
+)
 _SETTLE_DELIVERY = f"""
 UPDATE deliveries SET status = $3, attempts = attempts + 1, sent_at = $4,
     ref = coalesce($5, ref),
@@ -1337,9 +1344,19 @@ class PostgresBackend:
         return rows
 
     async def claim_deliveries(
-        self, worker: str, at: datetime, lease_until: datetime, limit: int
+        self,
+        worker: str,
+        at: datetime,
+        lease_until: datetime,
+        limit: int,
+        lost: tuple[datetime, list[int]] | None = None,
     ) -> list[Row]:
-        records = await self._pool.fetch(_CLAIM_DELIVERIES, worker, lease_until, at, limit)
+        if lost is None:
+            records = await self._pool.fetch(_CLAIM_DELIVERIES, worker, lease_until, at, limit)
+        else:
+            records = await self._pool.fetch(
+                _CLAIM_DELIVERIES_OR_LOST, worker, lease_until, at, limit, *lost
+            )
         rows = sorted((dict(r) for r in records), key=lambda row: (row["due_at"], row["seq"]))
         self._links.note_deliveries(rows)
         return rows

@@ -15,6 +15,7 @@ WAL checkpoints are kept out of the loop, and the log small, by a `Checkpointer`
 from __future__ import annotations
 
 import asyncio
+import json
 import sqlite3
 import time
 from collections import Counter
@@ -297,6 +298,18 @@ _DUE = (
     "  AND (lease_until IS NULL OR lease_until <= ?)"
 )
 _ANY_DELIVERY = f"{_DUE} LIMIT 1"
+# The same with the deliveries a worker holds and lost track of (`Outbox.claim_deliveries`).
+_DUE_OR_LOST = (
+    "  SELECT seq FROM deliveries WHERE status = 'due' AND due_at <= ?"
+    "  AND (lease_until IS NULL OR lease_until <= ? OR (claimed_by = ? AND lease_until <= ?"
+    "  AND seq NOT IN (SELECT value FROM json_each(?))))"
+)
+_ANY_DELIVERY_OR_LOST = f"{_DUE_OR_LOST} LIMIT 1"
+_CLAIM_DELIVERIES_OR_LOST = (
+    f"UPDATE deliveries SET claimed_by = ?, lease_until = ? WHERE seq IN ({_DUE_OR_LOST}"
+    "  ORDER BY due_at, seq LIMIT ?"
+    f") RETURNING {DELIVERY_COLUMNS}"
+)
 _CLAIM_DELIVERIES = (
     f"UPDATE deliveries SET claimed_by = ?, lease_until = ? WHERE seq IN ({_DUE}"
     "  ORDER BY due_at, seq LIMIT ?"
@@ -1147,17 +1160,27 @@ class SqliteBackend:
         return await self._transaction(lambda db: _announce(db, approval_id, stage, values))
 
     async def claim_deliveries(
-        self, worker: str, at: datetime, lease_until: datetime, limit: int
+        self,
+        worker: str,
+        at: datetime,
+        lease_until: datetime,
+        limit: int,
+        lost: tuple[datetime, list[int]] | None = None,
     ) -> list[Row]:
         now = _text(at)
-        parameters = (worker, _text(lease_until), now, now, limit)
+        due: tuple[Any, ...] = (now, now)
+        claim, any_due = _CLAIM_DELIVERIES, _ANY_DELIVERY
+        if lost is not None:
+            due += (worker, _text(lost[0]), json.dumps(lost[1]))
+            claim, any_due = _CLAIM_DELIVERIES_OR_LOST, _ANY_DELIVERY_OR_LOST
+        parameters = (worker, _text(lease_until), *due, limit)
         # Every step of the outbox asks until nothing is left: a read first, so that the last
         # ask costs no write transaction.
-        if not await self._fetch_all(_ANY_DELIVERY, (now, now)):
+        if not await self._fetch_all(any_due, due):
             return []
 
         def work(db: sqlite3.Connection) -> list[Row]:
-            found = db.execute(_CLAIM_DELIVERIES, parameters).fetchall()
+            found = db.execute(claim, parameters).fetchall()
             rows = [_delivery_row(raw) or {} for raw in found]
             return sorted(rows, key=lambda row: (row["due_at"], row["seq"]))
 

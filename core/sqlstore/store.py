@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Collection, Sequence
 from datetime import datetime, timedelta
 from typing import Any, TypeAlias, TypeVar, cast
 from urllib.parse import urlencode
@@ -39,7 +39,15 @@ from nodbot.core.errors import (
     RunNotFound,
 )
 from nodbot.core.loop import Message
-from nodbot.core.outbox import Announcement, Announcer, Delivery, NewDelivery, Opened, Stage
+from nodbot.core.outbox import (
+    ORPHANED,
+    Announcement,
+    Announcer,
+    Delivery,
+    NewDelivery,
+    Opened,
+    Stage,
+)
 from nodbot.core.ports import Spent
 from nodbot.core.runs import DEFAULT_LEASE, RunRecord, RunStatus
 from nodbot.core.sqlstore.backend import (
@@ -827,13 +835,21 @@ class SqlApprovalStore:
         return [_delivery(row) for row in made]
 
     async def claim_deliveries(
-        self, *, worker: str, lease: float = 60.0, limit: int = 50
+        self,
+        *,
+        worker: str,
+        lease: float = 60.0,
+        limit: int = 50,
+        sending: Collection[int] | None = None,
     ) -> _Deliveries:
         backend = await self._ready()
         now = self._clock()
+        lost = None
+        if sending is not None:  # claimed ORPHANED seconds ago or more, with this lease
+            lost = (now + timedelta(seconds=lease - ORPHANED), sorted(sending))
         with self._errors():
             rows = await backend.claim_deliveries(
-                worker, now, now + timedelta(seconds=lease), limit
+                worker, now, now + timedelta(seconds=lease), limit, lost
             )
         return [_delivery(row) for row in rows]
 

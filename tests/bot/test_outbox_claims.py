@@ -7,7 +7,7 @@ seconds, what other processes left due."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Collection
 from pathlib import Path
 from typing import Any
 
@@ -40,10 +40,17 @@ class Counted(SqlApprovalStore):
         return await super().get(approval_id)
 
     async def claim_deliveries(
-        self, *, worker: str, lease: float = 60.0, limit: int = 50
+        self,
+        *,
+        worker: str,
+        lease: float = 60.0,
+        limit: int = 50,
+        sending: Collection[int] | None = None,
     ) -> list[Delivery]:
         self.claims += 1
-        return await super().claim_deliveries(worker=worker, lease=lease, limit=limit)
+        return await super().claim_deliveries(
+            worker=worker, lease=lease, limit=limit, sending=sending
+        )
 
 
 class Recording:

@@ -21,6 +21,7 @@ from nodbot.core import (
     StoreUnavailableError,
     arguments_digest,
 )
+from nodbot.core.outbox import ORPHANED
 from tests.core.store.conftest import database_url
 
 SQL_BACKENDS = ["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)]
@@ -173,6 +174,27 @@ async def test_a_claimed_delivery_is_settled_by_its_claimant_only(
     assert [(e.actor, e.channel, e.detail) for e in events] == [
         ("w1", "webhook", {"kind": "request", "target": "webhook:ops"})
     ]
+
+
+async def test_a_claim_its_worker_lost_track_of_is_taken_back_by_it_only(
+    store: SqlApprovalStore, clock: Clock
+) -> None:
+    """A worker that holds a delivery it is not sending (its claim's answer was lost, or the
+    announcement that claimed it failed beside another) takes it back at its next claim
+    once `ORPHANED` seconds have passed, not before, and never one it is sending; another
+    worker waits for the lease as ever."""
+    record = await store.create(request())
+    [made] = await store.announce(record.approval_id, "request", [HOOK])
+    [claimed] = await store.claim_deliveries(worker="w1", lease=30)
+    assert await store.claim_deliveries(worker="w1", lease=30, sending=set()) == []  # just now
+    clock.advance(ORPHANED)
+    held = {claimed.delivery_id}
+    assert await store.claim_deliveries(worker="w1", lease=30, sending=held) == []  # sending
+    assert await store.claim_deliveries(worker="w2", lease=30, sending=set()) == []  # w1's
+    [back] = await store.claim_deliveries(worker="w1", lease=30, sending=set())
+    assert (back.delivery_id, back.claimed_by) == (made.delivery_id, "w1")
+    sent = await store.delivered(made.delivery_id, worker="w1")
+    assert (sent.status, sent.attempts) == ("sent", 1)
 
 
 async def test_a_failed_delivery_is_due_again_later(store: SqlApprovalStore, clock: Clock) -> None:
