@@ -260,7 +260,7 @@ async def test_a_step_taken_over_after_its_call_ran_hands_its_result_to_the_next
     assert bot.refunds == [120.0]  # answered with the kept result: not run again
     [answer] = [m for m in finished.messages if isinstance(m, ToolMessage)]
     assert answer.status == "ok" and answer.arguments == {"order_id": "A-1", "amount": 120.0}
-    assert answer.content == "{\"result\":\"refunded 120.0 on A-1\"}"
+    assert answer.content == '{"result":"refunded 120.0 on A-1"}'
     record = await bot.approvals.get(approval_id)
     assert (record.finished, record.outcome) == (True, "ok")
 
