@@ -71,6 +71,8 @@ class Served:
     """The port of the SMTP / LMTP listener of `email.inbound.listen`, when there is one."""
     supervisor: Supervisor | None = None
     """What keeps the bot's long-lived tasks running (`bot.supervise`)."""
+    mail_listener: MailListener | None = None
+    """The SMTP / LMTP listener of `email.inbound.listen`, when there is one."""
 
     def sign_in_link(self, principal: str) -> str:
         """A link that signs `principal` in to this bot's web inbox. It is signed with the
@@ -238,7 +240,14 @@ async def _serving(
             gc.freeze()
             frozen = True
             yield Served(
-                url, store.display_url, service, serving_task, inbox, mail_port, supervisor
+                url,
+                store.display_url,
+                service,
+                serving_task,
+                inbox,
+                mail_port,
+                supervisor,
+                listener,
             )
         finally:
             if frozen:

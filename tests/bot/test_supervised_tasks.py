@@ -10,6 +10,7 @@ import asyncio
 import contextlib
 from pathlib import Path
 
+import aiosmtplib
 import pytest
 
 from nodbot.bot.config import load_agents, load_config
@@ -19,7 +20,7 @@ from nodbot.core import Decision, SqlApprovalStore
 from nodbot.core.sqlstore.notices import Listener
 from tests.bot.ledger_agent import LEAD, config_yaml
 from tests.bot.test_email_imap import imap_bot
-from tests.bot.test_email_inbound import reply
+from tests.bot.test_email_inbound import email_bot, reply
 from tests.support import eventually, postgres_database
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -155,3 +156,33 @@ async def test_listening_that_stopped_by_itself_is_started_again(tmp_path: Path)
             finally:
                 stop.set()
                 await working
+
+
+async def test_the_smtp_listener_that_stopped_listens_again_on_its_port(tmp_path: Path) -> None:
+    async with email_bot(tmp_path, "  inbound: {listen: 127.0.0.1:0, protocol: smtp}\n") as bot:
+        listener, port = bot.served.mail_listener, bot.served.mail_port
+        supervisor = bot.served.supervisor
+        assert listener is not None and port is not None and supervisor is not None
+
+        async def watched() -> bool:
+            return "email listener" in supervisor.attempts
+
+        await eventually(watched, "the listener's task running")
+        await listener.close()  # it stops serving, as a fault of its server would stop it
+
+        async def reported() -> bool:
+            answer = await bot.client.get("/healthz")
+            problems = answer.json().get("problems") or []
+            return any("email listener is down: OSError" in p for p in problems)
+
+        await eventually(reported, "/healthz naming the listener down")
+
+        async def listening() -> bool:
+            health = await bot.client.get("/healthz")
+            return health.status_code == 200 and listener.serving
+
+        await eventually(listening, "the listener serving again", within=20)
+        assert listener.bound_port == port  # where the mail server hands replies over
+        async with aiosmtplib.SMTP(hostname="127.0.0.1", port=port, timeout=15) as smtp:
+            code, _ = await smtp.noop()
+        assert code == 250
