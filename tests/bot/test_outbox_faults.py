@@ -10,10 +10,7 @@ import asyncio
 import contextlib
 import gc
 import logging
-from collections.abc import AsyncIterator
-from urllib.parse import urlsplit
 
-import asyncpg
 import pytest
 from starlette.requests import Request
 from starlette.responses import Response
@@ -22,8 +19,9 @@ from nodbot.bot.config import Webhook
 from nodbot.bot.outbox import Dispatcher
 from nodbot.bot.webhooks import WebhookChannel
 from nodbot.core import ApprovalRequest, SqlApprovalStore, arguments_digest
+from tests.bot.test_database_faults import Database, administered
 from tests.bot.webhook_receiver import SECRET, Receiver, receiving
-from tests.support import eventually, postgres_database, postgres_server_url
+from tests.support import eventually, postgres_database
 
 pytestmark = pytest.mark.postgres
 
@@ -35,24 +33,20 @@ OUTAGE = 1.0
 
 
 class Outage:
-    """The test database's administrator: shut it to new sessions and end the open ones."""
+    """The test database made unreachable (new sessions refused, the open ones ended), and
+    reachable again `OUTAGE` seconds later (`over` is set then)."""
 
-    def __init__(self, admin: asyncpg.Connection, name: str) -> None:
-        self.admin = admin
-        self.name = name
+    def __init__(self, database: Database) -> None:
+        self.database = database
         self.over = asyncio.Event()
 
     async def begin(self) -> None:
-        await self.admin.execute(f'ALTER DATABASE "{self.name}" WITH ALLOW_CONNECTIONS false')
-        await self.admin.fetch(
-            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-            "WHERE datname = $1 AND pid <> pg_backend_pid()",
-            self.name,
-        )
+        await self.database.allow_connections(False)
+        await self.database.terminate()
         asyncio.get_running_loop().call_later(OUTAGE, lambda: asyncio.ensure_future(self.end()))
 
     async def end(self) -> None:
-        await self.admin.execute(f'ALTER DATABASE "{self.name}" WITH ALLOW_CONNECTIONS true')
+        await self.database.allow_connections(True)
         self.over.set()
 
 
@@ -68,19 +62,6 @@ class CuttingReceiver(Receiver):
         return await super().handle(request)
 
 
-@contextlib.asynccontextmanager
-async def administered(url: str) -> AsyncIterator[Outage]:
-    server = postgres_server_url()
-    assert server is not None
-    admin = await asyncpg.connect(server)
-    outage = Outage(admin, urlsplit(url).path.lstrip("/"))
-    try:
-        yield outage
-    finally:
-        await outage.end()
-        await admin.close()
-
-
 async def test_a_webhook_sent_before_an_outage_is_recorded_after_it_and_sent_once(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
@@ -88,11 +69,11 @@ async def test_a_webhook_sent_before_an_outage_is_recorded_after_it_and_sent_onc
     receiver = CuttingReceiver()
     async with (
         postgres_database() as url,
-        administered(url) as outage,
+        administered(url) as database,
         receiving(receiver) as receiver,
         SqlApprovalStore(url) as store,
     ):
-        receiver.outage = outage
+        outage = receiver.outage = Outage(database)
         hook = Webhook.model_validate({"name": "ops", "url": receiver.url, "secret": SECRET})
         dispatcher = Dispatcher(
             store, [WebhookChannel([hook])], worker="w1", lease=LEASE, claim_every=0.05
