@@ -190,6 +190,10 @@ class DeferredApproval:
 
     async def request(self, request: ApprovalRequest) -> PortAnswer:
         call = (request.run_id, request.call_id)
+        if call in self._unanswered:
+            taken = await self._taken_unanswered(request)
+            if taken is not None:
+                return taken
         try:
             claim = await self.store.claim(request, actor=self.actor)
         except StoreError:
@@ -198,16 +202,13 @@ class DeferredApproval:
                 while len(self._unanswered) > UNANSWERED_KEPT:
                     del self._unanswered[next(iter(self._unanswered))]
             raise
-        unanswered = self._unanswered.pop(call, False) is None
+        self._unanswered.pop(call, None)
         record = claim.record
         if claim.outcome == "mismatch":
             raise _mismatch(record, request)
         if claim.outcome == "pending":
             return Waiting(record.approval_id)
         if claim.outcome == "in_use":
-            if unanswered and await self._took_it(record):
-                assert record.decision is not None
-                return Decided(record.decision, record.approval_id)
             self._wait_in_flight(record.approval_id)
             return Decided(_denied(CONCURRENT_USE_REASON, "nodbot"), record.approval_id)
         assert record.decision is not None  # a claim only takes decided records
@@ -216,19 +217,29 @@ class DeferredApproval:
             return Decided(record.decision, record.approval_id, kept=claim.result)
         return Decided(record.decision, record.approval_id)
 
-    async def _took_it(self, record: ApprovalRecord) -> bool:
-        """Whether this port took the decision of `record` by a claim whose answer was lost
-        (the store failed as it answered): the decision was consumed by this port's `actor`
-        (unique to its process), and nothing ran, since nothing runs before a claim has
-        answered. The call then takes it, as that claim would have."""
+    async def _taken_unanswered(self, request: ApprovalRequest) -> Decided | None:
+        """The decision this port took for the call by a claim whose answer was lost (the
+        store failed as it answered), if it took one: the call's newest record was consumed
+        by this port's `actor` (unique to its process) and, if approved, has not finished.
+        Nothing ran, since nothing runs before a claim has answered: the call takes the
+        decision as that claim would have (a denial, which its taking finished, included).
+        None: nothing was taken (or not by this port), and the call claims as ever."""
+        record = await self.store.find(request.run_id, request.call_id)
+        if record is None or record.decision is None or not record.consumed:
+            return None
+        if record.decision.approved and record.finished:
+            return None  # spent by a call that ended: not what a lost claim left
+        if record.request.digest != request.digest or record.request.tool != request.tool:
+            return None  # another call's: the claim says so
         consumed = [e for e in await self.store.events(record.approval_id) if e.kind == "consumed"]
-        took = bool(consumed) and consumed[-1].actor == self.actor
-        if took:
-            log.warning(
-                "approval %s was taken by a claim whose answer was lost; its call takes it now",
-                record.approval_id,
-            )
-        return took
+        if not consumed or consumed[-1].actor != self.actor:
+            return None
+        self._unanswered.pop((request.run_id, request.call_id), None)
+        log.warning(
+            "approval %s was taken by a claim whose answer was lost; its call takes it now",
+            record.approval_id,
+        )
+        return Decided(record.decision, record.approval_id)
 
     def _wait_in_flight(self, approval_id: str) -> None:
         """Raise `CallInFlight` while the call found in use may yet get its result kept."""

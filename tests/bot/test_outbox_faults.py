@@ -18,7 +18,7 @@ from starlette.responses import Response
 from nodbot.bot.config import Webhook
 from nodbot.bot.outbox import Dispatcher
 from nodbot.bot.webhooks import WebhookChannel
-from nodbot.core import ApprovalRequest, SqlApprovalStore, arguments_digest
+from nodbot.core import ApprovalRequest, SqlApprovalStore, StoreError, arguments_digest
 from tests.bot.test_database_faults import Database, administered
 from tests.bot.webhook_receiver import SECRET, Receiver, receiving
 from tests.support import eventually, postgres_database
@@ -84,7 +84,11 @@ async def test_a_webhook_sent_before_an_outage_is_recorded_after_it_and_sent_onc
                 "run_1", "call_1", "refund", arguments, arguments_digest(arguments)
             )
             record = await store.create(request)
-            assert await dispatcher.start_step() == 1  # the workers' lane: a task of its own
+            # The workers' lane: the delivery goes in a task of its own. The same step may go
+            # on to claim what else is due, and meet the outage the send has begun: the lane
+            # would back off then, and the delivery goes on all the same.
+            with contextlib.suppress(StoreError):
+                await dispatcher.start_step()
             await receiver.wait_for(1)
             await asyncio.wait_for(outage.over.wait(), 10)
 

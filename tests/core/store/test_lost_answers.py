@@ -2,8 +2,9 @@
 answered, by a proxy at the network seam: `tests/fakes/pgproxy.py`), and what the retry
 then finds: a durable run's claim of its decision. The run's worker finds the decision
 consumed by itself, takes it (nothing ran: nothing runs before a claim answers), and the
-tool runs once; before, the call was denied as "approval already used by a concurrent
-request", and the approved refund never ran.
+tool runs once (before, the call was denied as "approval already used by a concurrent
+request", and the approved refund never ran); a denial, which its taking finished, answers
+the call (before, the call was asked about again: a second review).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from nodbot.core import (
     Agent,
     AssistantMessage,
     ChatResponse,
+    Decision,
     DeferredApproval,
     Executor,
     HumanMessage,
@@ -54,8 +56,9 @@ async def proxied() -> AsyncIterator[tuple[FaultProxy, str, str]]:
         yield proxy, proxy.url(url), url
 
 
+@pytest.mark.parametrize("approved", [True, False], ids=["approved", "denied"])
 async def test_a_claim_whose_answer_was_lost_is_taken_by_its_own_worker(
-    proxied: tuple[FaultProxy, str, str],
+    proxied: tuple[FaultProxy, str, str], approved: bool
 ) -> None:
     proxy, through, direct = proxied
     refunds: list[float] = []
@@ -76,7 +79,8 @@ async def test_a_claim_whose_answer_was_lost_is_taken_by_its_own_worker(
         run = await advance_run(run, agent=agent, executor=opening, runs=admin)
         assert run.status == "waiting"
         [review] = await admin.list(run_id=run.run_id)
-        await admin.vote(review.approval_id, _approve())
+        decision = Decision(approved=approved, reason=None if approved else "no", decided_by="ana")
+        await admin.vote(review.approval_id, decision)
     # A worker of its own connections, through the proxy: its claim is prepared, then run.
     async with SqlApprovalStore(through) as store, SqlApprovalStore(direct) as admin:
         port = DeferredApproval(store, actor=WORKER, in_flight_wait=30)
@@ -91,14 +95,12 @@ async def test_a_claim_whose_answer_was_lost_is_taken_by_its_own_worker(
         again = await store.get_run(run.run_id)  # still this worker's: its step again
         finished = await advance_run(again, agent=agent, executor=executor, runs=store)
         assert finished.status == "finished"
-        assert refunds == [5.0]
         [answer] = [m for m in finished.messages if isinstance(m, ToolMessage)]
-        assert answer.status == "ok", answer
+        if approved:
+            assert refunds == [5.0] and answer.status == "ok", answer
+        else:  # the denial the lost claim took (and finished), not a second review
+            assert refunds == [] and answer.status == "error", answer
+            assert "no" in answer.content
+        assert [r.approval_id for r in await admin.list(run_id=run.run_id)] == [review.approval_id]
         done = await admin.get(review.approval_id)
-        assert (done.finished, done.outcome) == (True, "ok")
-
-
-def _approve() -> object:
-    from nodbot.core import Decision
-
-    return Decision(approved=True, decided_by="ana")
+        assert done.finished and done.outcome == ("ok" if approved else "denied")
