@@ -186,6 +186,20 @@ def _yaml_problem(exc: yaml.YAMLError) -> str:
     return str(exc)
 
 
+_UNQUOTED_VARIABLE = re.compile(r"[{\[,][^\"'{}\[\]]*?:?\s*\$\{")
+"""A `${...}` not quoted, after the `{`, `[` or `,` of a flow collection on its line."""
+
+
+def _quote_hint(text: str, line: int) -> str:
+    """What to do about a malformed line that has a `${...}` unquoted inside `{ }` or `[ ]`
+    (YAML reads its `{` as the start of another mapping), else nothing."""
+    lines = text.splitlines()
+    written = lines[line - 1] if 0 < line <= len(lines) else ""
+    if _UNQUOTED_VARIABLE.search(written) is None:
+        return ""
+    return '; inside { } or [ ], quote a ${...}: write "${NAME}"'
+
+
 def _read_yaml(file: str, text: str, environ: Mapping[str, str]) -> tuple[Any, Source, _Reader]:
     """Compose and read the document. Raises `ConfigError` for malformed YAML; the problems
     found while reading (duplicate keys, missing variables) are the reader's `problems`, the
@@ -203,7 +217,8 @@ def _read_yaml(file: str, text: str, environ: Mapping[str, str]) -> tuple[Any, S
                 started = exc.context_mark
                 since = f" (line {started.line + 1})" if started is not None else ""
                 problem = f"{exc.context}{since}: {problem}"
-            raise ConfigError([f"{file}:{line}: malformed YAML: {problem}"]) from None
+            hint = _quote_hint(text, line)
+            raise ConfigError([f"{file}:{line}: malformed YAML: {problem}{hint}"]) from None
         except yaml.YAMLError as exc:
             raise ConfigError([f"{file}:1: malformed YAML: {exc}"]) from None
         if root is None:

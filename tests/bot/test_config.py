@@ -403,6 +403,15 @@ def test_malformed_yaml_names_the_file_and_line(tmp_path: Path) -> None:
     problem = only_problem(tmp_path, "server:\n  host: [a, b\n  port: 1\n")
     assert problem.startswith(f"{tmp_path / 'nodbot.yml'}:3: malformed YAML: ")
     assert "flow sequence (line 2)" in problem
+    assert "quote" not in problem  # nothing to quote there
+
+
+def test_a_variable_unquoted_inside_braces_is_said_to_need_quotes(tmp_path: Path) -> None:
+    # YAML reads the `{` of `${...}` inside `{ }` as another mapping's start.
+    text = "api:\n  tokens:\n    - {name: agent, token: ${NODBOT_TOKEN_AGENT}, scopes: []}\n"
+    problem = only_problem(tmp_path, text)
+    assert problem.startswith(f"{tmp_path / 'nodbot.yml'}:3: malformed YAML: ")
+    assert problem.endswith('; inside { } or [ ], quote a ${...}: write "${NAME}"')
 
 
 @pytest.mark.parametrize(
