@@ -36,7 +36,7 @@ from nodbot.bot.config.values import (
 )
 from nodbot.core import InterruptRule
 
-_STORE_SCHEMES = ("sqlite", "sqlite+aiosqlite", "postgresql", "postgresql+asyncpg")
+_STORE_SCHEMES = ("sqlite", "sqlite+aiosqlite", "postgresql", "postgres", "postgresql+asyncpg")
 
 
 class StoreConfig(ConfigModel):
@@ -44,7 +44,8 @@ class StoreConfig(ConfigModel):
 
     url: str = "sqlite:///nodbot.db"
     """`sqlite:///path.db` (relative to the working directory), a bare file path, or
-    `postgresql://user:${DB_PASSWORD}@host:5432/db`."""
+    `postgresql://user:${DB_PASSWORD}@host:5432/db` (`postgres://`, the form many hosts give
+    in `DATABASE_URL`, is taken too)."""
     auto_migrate: bool = True
     """Create or upgrade the database schema on first use; when false, a database that is
     not up to date is refused with the command to run (`nodbot migrate`)."""

@@ -28,7 +28,11 @@ __all__ = [
     "write_transaction",
 ]
 
-_DRIVERS = {"sqlite": "sqlite+aiosqlite", "postgresql": "postgresql+asyncpg"}
+_DRIVERS = {
+    "sqlite": "sqlite+aiosqlite",
+    "postgresql": "postgresql+asyncpg",
+    "postgres": "postgresql+asyncpg",  # the common DATABASE_URL form (Heroku, Fly, Render)
+}
 _SUPPORTED = set(_DRIVERS.values())
 # How long a SQLite writer waits for another process's write lock before giving up.
 SQLITE_BUSY_TIMEOUT_MS = 30_000
@@ -43,7 +47,8 @@ often: 29 frames of 1 KB an approval cycle, against 25 of 2 KB. Measured alterna
 
 
 def normalize_url(url: str | URL) -> URL:
-    """The async URL for `url`: `sqlite:///x.db`, `postgresql://...`, or a bare file path.
+    """The async URL for `url`: `sqlite:///x.db`, `postgresql://...` (or `postgres://...`),
+    or a bare file path.
 
     Raises `StoreUnavailableError` for a URL nodbot cannot use.
     """

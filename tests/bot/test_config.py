@@ -1349,3 +1349,11 @@ def test_check_config_fails_on_an_agent_problem(tmp_path: Path) -> None:
     completed = run_check(path)
     assert completed.returncode == 1
     assert completed.stderr.startswith(f"{path}:2: agents.a: cannot import 'no_such_module_here'")
+
+
+def test_a_postgres_database_url_as_hosts_give_it_is_taken(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("DATABASE_URL", "postgres://nodbot@db.internal:5432/nodbot")
+    config = load(tmp_path, 'store: {url: "${DATABASE_URL}"}\n')
+    assert config.store.url == "postgres://nodbot@db.internal:5432/nodbot"

@@ -14,6 +14,7 @@ from sqlalchemy.ext.asyncio import create_async_engine
 from nodbot.core import ApprovalRequest, StoreSchemaError, StoreUnavailableError, arguments_digest
 from nodbot.core.sqlstore import MIGRATE_COMMAND, SqlApprovalStore, head_revision
 from tests.core.store.conftest import database_url
+from tests.support import postgres_database
 
 ROOT = Path(__file__).resolve().parents[3]
 SQL_BACKENDS = ["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)]
@@ -149,6 +150,18 @@ def test_unusable_urls_are_refused_at_once(url: str, message: str) -> None:
     with pytest.raises(StoreUnavailableError, match=message) as raised:
         SqlApprovalStore(url)
     assert "u:p@" not in str(raised.value)
+
+
+@pytest.mark.postgres
+async def test_a_postgres_url_as_hosts_give_it_is_a_postgresql_store() -> None:
+    # `postgres://` is the scheme of many hosts' DATABASE_URL.
+    async with postgres_database() as url:
+        given = url.replace("postgresql://", "postgres://", 1)
+        assert given.startswith("postgres://")
+        async with SqlApprovalStore(given) as store:
+            assert store.display_url.startswith("postgresql+asyncpg://")
+            record = await store.create(request())
+            assert (await store.get(record.approval_id)).status == "pending"
 
 
 def test_a_bare_path_means_a_sqlite_file(tmp_path: Path) -> None:
