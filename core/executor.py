@@ -22,8 +22,6 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
-from pydantic_core import to_jsonable_python
-
 from nodbot.core.arguments_schema import schema_errors
 from nodbot.core.calls import ToolCall, ToolContext, ToolError, ToolResult, new_id
 from nodbot.core.decisions import as_decision, merge_edit
@@ -251,7 +249,7 @@ class Executor:
                 result["arguments"] = validated.canonical
                 raise
             outcome = "ok"
-            result = {"status": "ok", "value": to_jsonable_python(value, fallback=str)}
+            result = {"status": "ok", "value": value}  # made JSON only if it is kept
             result["arguments"] = validated.canonical
             return value, validated.canonical
         except NodbotError as error:

@@ -18,6 +18,8 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol, TypeAlias, runtime_checkable
 
+from pydantic_core import to_jsonable_python
+
 from nodbot.core.decisions import Decision, as_decision
 from nodbot.core.errors import ApprovalMismatchError, CallInFlight, StoreError
 from nodbot.core.retrying import until_written
@@ -80,8 +82,9 @@ class Spent:
     approval_id: str
     outcome: str
     result: KeptResult | None = None
-    """What the call gave (`KeptResult`), kept with the approval when the step that ran it
-    cannot be saved (`DeferredApproval.keep_spent`); None where nobody needs it."""
+    """What the call gave (`KeptResult`, its value as the tool returned it: made JSON only
+    if it is kept), kept with the approval when the step that ran it cannot be saved
+    (`DeferredApproval.keep_spent`); None where nobody needs it."""
 
 
 @runtime_checkable
@@ -272,7 +275,11 @@ class DeferredApproval:
         step that cannot be saved: trying again for up to `within` seconds while the store
         is unavailable. Whoever resumes the run then answers those calls with the results
         kept, and finishes their approvals with its save."""
-        kept = [(each.approval_id, each.result) for each in spent if each.result is not None]
+        kept = [
+            (each.approval_id, to_jsonable_python(each.result, fallback=str))
+            for each in spent
+            if each.result is not None
+        ]
         if kept:
             await until_written(
                 functools.partial(self.store.keep_results, kept),
