@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 LINTED := nodbot/__init__.py core bot tests examples $(wildcard bench)
 
-.PHONY: demo test lint typecheck pytest bench clean
+.PHONY: demo test lint typecheck pytest docs bench clean
 
 # uv, when it is on the PATH, installs from its cache in seconds; pip otherwise.
 UV     := $(shell command -v uv)
@@ -42,6 +42,15 @@ pytest: $(VENV)/.installed
 
 test: lint typecheck pytest
 
+# The docs site (docs/, mkdocs.yml) into site/; a warning (a broken link, a page left out of
+# the navigation) fails the build.
+$(VENV)/.docs-installed: pyproject.toml | $(VENV)/.installed
+	$(BIN)/python -m pip install --quiet -e '.[docs]'
+	touch $@
+
+docs: $(VENV)/.docs-installed
+	$(BIN)/mkdocs build --strict --site-dir site
+
 # Benchmarks print figures (they are not tests); they also install the peers they compare with.
 $(VENV)/.bench-installed: pyproject.toml | $(VENV)/.installed
 	$(BIN)/python -m pip install --quiet -e '.[test,bench]'
@@ -58,4 +67,4 @@ bench: $(VENV)/.bench-installed
 	$(BIN)/python bench/mail.py
 
 clean:
-	rm -rf $(VENV) .venv-awaithumans .mypy_cache .pytest_cache .ruff_cache
+	rm -rf $(VENV) site .venv-awaithumans .mypy_cache .pytest_cache .ruff_cache

@@ -26,7 +26,7 @@ from collections.abc import Sequence
 from dataclasses import asdict
 from typing import Any
 
-from nodbot.bot.policy import RulesPort
+from nodbot.bot.policy.rules import RulesPort
 from nodbot.core import (
     ApprovalAlreadyConsumed,
     ApprovalNotDecided,

@@ -367,7 +367,7 @@ def gateway_server(gateway: Gateway) -> Server[Any]:
     )
 
 
-# --- the command (its options are defined in `bot/cli.py`) ----------------------------
+# --- the command (its options are defined in `bot/cli/commands.py`) ----------------------------
 
 
 def _registry(spec: str) -> ToolRegistry | str:
@@ -386,7 +386,7 @@ def _registry(spec: str) -> ToolRegistry | str:
 
 
 def run_mcp_command(arguments: argparse.Namespace) -> int:
-    """`nodbot mcp` (options as `bot/cli.py` parses them): serve until the client goes away
+    """`nodbot mcp` (options as `bot/cli/commands.py` parses them): serve until the client goes away
     (stdio) or the process is stopped (HTTP); returns the exit status. A `--tools` that names
     no registry is a mistake (exit 2, one line)."""
     registry = None

@@ -16,7 +16,6 @@ from dataclasses import dataclass
 import aiohttp
 import uvicorn
 
-from nodbot.bot.authorize import authorizer_for
 from nodbot.bot.config import (
     Config,
     ConfigError,
@@ -36,6 +35,7 @@ from nodbot.bot.email.listener import MailListener
 from nodbot.bot.http import create_app
 from nodbot.bot.logs import config_secrets, configure_logging
 from nodbot.bot.outbox import Channel
+from nodbot.bot.policy.authorize import authorizer_for
 from nodbot.bot.service import BotService
 from nodbot.bot.slack.channel import SlackChannel
 from nodbot.bot.slack.reviews import SlackReviews, connect_socket_mode

@@ -29,7 +29,7 @@ from typing import Protocol
 from nodbot.bot.config import Config
 from nodbot.bot.hosted import HostedRuns
 from nodbot.bot.outbox import Channel, Dispatcher, OutboxStore
-from nodbot.bot.policy import Authorize, RulesPort, rules_executor
+from nodbot.bot.policy.rules import Authorize, RulesPort, rules_executor
 from nodbot.core import (
     Agent,
     ApprovalRecord,

@@ -51,7 +51,6 @@ from dataclasses import dataclass, field, replace
 from email.message import EmailMessage
 from typing import Any, Literal
 
-from nodbot.bot.authorize import AuthorizeDecision
 from nodbot.bot.config import EmailConfig
 from nodbot.bot.email.answers import Answers
 from nodbot.bot.email.reading import (
@@ -70,7 +69,8 @@ from nodbot.bot.email.reading import (
 from nodbot.bot.email.reading import sender as sender_of
 from nodbot.bot.email.tokens import TOKEN_LENGTH, InvalidToken, ReplyTokens
 from nodbot.bot.forms import FIELD_PREFIX, edit_fields, parse_edit, reason_too_long
-from nodbot.bot.remember import NOT_REMEMBERED, remember_decision, scope_of
+from nodbot.bot.policy.authorize import AuthorizeDecision
+from nodbot.bot.policy.remember import NOT_REMEMBERED, remember_decision, scope_of
 from nodbot.core import (
     ApprovalAlreadyDecided,
     ApprovalAlreadyVoted,

@@ -34,7 +34,6 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from nodbot.bot.authorize import AuthorizeDecision, Verdict
 from nodbot.bot.config import ApiToken
 from nodbot.bot.http.access import AccessLog
 from nodbot.bot.http.auth import ApiError, TokenTable
@@ -54,9 +53,10 @@ from nodbot.bot.http.schemas import (
     HealthView,
     ListQuery,
 )
-from nodbot.bot.people import People
-from nodbot.bot.policy import SELF_APPROVAL_REASON
-from nodbot.bot.remember import NOT_REMEMBERED, remember_decision, scope_of
+from nodbot.bot.policy.authorize import AuthorizeDecision, Verdict
+from nodbot.bot.policy.people import People
+from nodbot.bot.policy.remember import NOT_REMEMBERED, remember_decision, scope_of
+from nodbot.bot.policy.rules import SELF_APPROVAL_REASON
 from nodbot.bot.service import BotService, WorkerHealth
 from nodbot.core import (
     ApprovalAlreadyDecided,

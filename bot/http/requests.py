@@ -69,8 +69,8 @@ from nodbot.bot.http.schemas import (
     kept_by,
     other_body,
 )
-from nodbot.bot.people import People
-from nodbot.bot.policy import Judged, RulesPort
+from nodbot.bot.policy.people import People
+from nodbot.bot.policy.rules import Judged, RulesPort
 from nodbot.bot.service import BotService
 from nodbot.core import (
     ApprovalAlreadyConsumed,

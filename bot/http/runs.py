@@ -41,7 +41,7 @@ from starlette.routing import Route
 from nodbot.bot.http.auth import ApiError, TokenTable, missing_scope
 from nodbot.bot.http.common import json_body, json_response, parse
 from nodbot.bot.http.schemas import ApprovalView, idempotency_key, kept_by, other_body
-from nodbot.bot.people import People
+from nodbot.bot.policy.people import People
 from nodbot.bot.service import BotService, UnknownAgentError
 from nodbot.core import ApprovalRecord, RunNotFound, RunRecord, RunStatus, ToolMessage
 from nodbot.core.store import IdempotencyKey, IdempotencyKeyUsed, KeptKey

@@ -50,7 +50,7 @@ from slack_sdk.web.async_client import AsyncWebClient
 from nodbot.bot.config import SlackConfig, parse_reviewer
 from nodbot.bot.config.values import Reviewer
 from nodbot.bot.outbox import DeliveryError, Moment, OutboxStore, retry_after
-from nodbot.bot.remember import remembered_of, scope_of
+from nodbot.bot.policy.remember import remembered_of, scope_of
 from nodbot.bot.slack.directory import Directory
 from nodbot.bot.slack.messages import (
     ACTION_APPROVE_REMEMBER,

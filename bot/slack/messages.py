@@ -19,7 +19,7 @@ from typing import Any
 import jinja2
 
 from nodbot.bot.forms import EditField
-from nodbot.bot.remember import scope_of
+from nodbot.bot.policy.remember import scope_of
 from nodbot.bot.slack.text import clip, code, escape, plain, shown_value
 from nodbot.core import ApprovalRecord
 

@@ -34,11 +34,11 @@ from slack_bolt.adapter.socket_mode.websockets import AsyncSocketModeHandler
 from slack_bolt.async_app import AsyncAck, AsyncApp
 from slack_sdk.errors import SlackApiError
 
-from nodbot.bot.authorize import Authorizer, Verdict
 from nodbot.bot.config import SlackConfig
 from nodbot.bot.forms import FIELD_PREFIX, EditField, edit_fields, parse_edit, reason_too_long
-from nodbot.bot.people import IdentityUnavailable, People
-from nodbot.bot.remember import NOT_REMEMBERED, remember_decision, scope_of
+from nodbot.bot.policy.authorize import Authorizer, Verdict
+from nodbot.bot.policy.people import IdentityUnavailable, People
+from nodbot.bot.policy.remember import NOT_REMEMBERED, remember_decision, scope_of
 from nodbot.bot.slack.channel import SlackChannel, messages_of
 from nodbot.bot.slack.messages import (
     ACTION_APPROVE,

@@ -79,7 +79,6 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, RedirectResponse, Response
 from starlette.routing import Route
 
-from nodbot.bot.authorize import Authorizer
 from nodbot.bot.config import WebConfig
 from nodbot.bot.forms import (
     MAX_REASON,
@@ -92,9 +91,10 @@ from nodbot.bot.forms import (
 )
 from nodbot.bot.http import AuthorizeDecision
 from nodbot.bot.http.approvals import refuse_self_approval
-from nodbot.bot.people import IdentityUnavailable, People
-from nodbot.bot.policy import SELF_APPROVAL_REASON, rule_refusal
-from nodbot.bot.remember import NOT_REMEMBERED, remember_decision, remembered_of, scope_of
+from nodbot.bot.policy.authorize import Authorizer
+from nodbot.bot.policy.people import IdentityUnavailable, People
+from nodbot.bot.policy.remember import NOT_REMEMBERED, remember_decision, remembered_of, scope_of
+from nodbot.bot.policy.rules import SELF_APPROVAL_REASON, rule_refusal
 from nodbot.bot.service import BotService
 from nodbot.bot.web.signing import ReviewLink, Session, Signer, TokenError, link_for
 from nodbot.core import (

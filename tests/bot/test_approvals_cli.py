@@ -11,7 +11,7 @@ import pytest
 
 from nodbot.bot.config import load_agents, load_config
 from nodbot.bot.http.schemas import ApprovalView
-from nodbot.bot.policy import rules_executor
+from nodbot.bot.policy.rules import rules_executor
 from nodbot.core import SqlApprovalStore, ToolCall
 from tests.bot.test_cli import nodbot
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from nodbot.bot.cli import main
+from nodbot.bot.cli.commands import main
 from nodbot.bot.config import ConfigError, load_config
 from nodbot.core.audit import EventHasher
 from nodbot.core.sqlstore.audit import verify

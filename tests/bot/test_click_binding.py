@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from nodbot.bot.policy import rules_executor
+from nodbot.bot.policy.rules import rules_executor
 from nodbot.bot.slack.reviews import NOT_ITS_MESSAGE
 from nodbot.core import ToolCall
 from tests.bot.test_slack import Bot, slack_bot

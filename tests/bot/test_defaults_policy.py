@@ -19,7 +19,7 @@ import pytest
 
 from nodbot.bot.config import load_config
 from nodbot.bot.config.agents import report_agents
-from nodbot.bot.policy import RulesPort, authorize_by_rules, rules_executor
+from nodbot.bot.policy.rules import RulesPort, authorize_by_rules, rules_executor
 from nodbot.core import (
     Decision,
     Executor,

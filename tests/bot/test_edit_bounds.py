@@ -14,9 +14,9 @@ from typing import Any
 import httpx
 import pytest
 
-from nodbot.bot.bounds import edit_refusal, parse_bounds
 from nodbot.bot.config import load_config
-from nodbot.bot.policy import rules_executor
+from nodbot.bot.policy.bounds import edit_refusal, parse_bounds
+from nodbot.bot.policy.rules import rules_executor
 from nodbot.bot.serve import serving
 from nodbot.core import MemoryApprovalStore, ToolCall, ToolRegistry
 from tests.bot.test_slack import API, ROOT, TOKEN, Bot

@@ -14,9 +14,9 @@ from typing import Any
 import httpx
 import pytest
 
-from nodbot.bot.cli import build_parser
+from nodbot.bot.cli.commands import build_parser
+from nodbot.bot.cli.runs import run_runs_command
 from nodbot.bot.config import check_agents, load_config
-from nodbot.bot.runs_cli import run_runs_command
 from nodbot.bot.serve import Served, serving
 from nodbot.core.bridges.common import NO_CALL_ID, PendingCall, Resolution
 from nodbot.core.bridges.hosted import HostedStep

@@ -14,9 +14,9 @@ import httpx
 import pytest
 import uvicorn
 
-from nodbot.bot.authorize import Verdict
 from nodbot.bot.config import ApiToken
 from nodbot.bot.http import AuthorizeDecision, create_app
+from nodbot.bot.policy.authorize import Verdict
 from nodbot.core import (
     ApprovalRecord,
     Decision,

@@ -16,10 +16,10 @@ import httpx
 import pytest
 from slack_sdk.web.async_client import AsyncWebClient
 
-from nodbot.bot.cli import main
+from nodbot.bot.cli.commands import main
 from nodbot.bot.config import ConfigError, load_config
-from nodbot.bot.people import IdentityUnavailable, People
-from nodbot.bot.policy import SELF_APPROVAL_REASON
+from nodbot.bot.policy.people import IdentityUnavailable, People
+from nodbot.bot.policy.rules import SELF_APPROVAL_REASON
 from nodbot.bot.serve import Served, serving
 from nodbot.bot.slack.directory import Directory
 from nodbot.core import ApprovalEvent, ApprovalRecord

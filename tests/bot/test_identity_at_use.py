@@ -15,7 +15,7 @@ from typing import Any
 import httpx
 import pytest
 
-from nodbot.bot.policy import SELF_APPROVAL_REASON
+from nodbot.bot.policy.rules import SELF_APPROVAL_REASON
 from nodbot.bot.serve import Served, serving
 from tests.bot import ledger_agent
 

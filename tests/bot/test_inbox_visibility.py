@@ -10,7 +10,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from nodbot.bot.people import People
+from nodbot.bot.policy.people import People
 from nodbot.core import Decision
 from tests.bot.test_web_inbox import (
     CAROL,

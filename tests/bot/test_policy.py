@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from nodbot.bot.config import load_config
-from nodbot.bot.policy import authorize_by_rules, rules_executor
+from nodbot.bot.policy.rules import authorize_by_rules, rules_executor
 from nodbot.core import (
     ApprovalRecord,
     ApprovalRequest,

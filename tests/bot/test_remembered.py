@@ -13,8 +13,8 @@ from typing import Any
 import httpx
 import pytest
 
-from nodbot.bot.approvals_cli import run_approvals_command
-from nodbot.bot.cli import build_parser
+from nodbot.bot.cli.approvals import run_approvals_command
+from nodbot.bot.cli.commands import build_parser
 from nodbot.bot.serve import serving
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -14,7 +14,7 @@ import httpx
 import pytest
 
 from nodbot.bot.http.approvals import STARTS_FOR_OTHERS_REASON
-from nodbot.bot.policy import SELF_APPROVAL_REASON
+from nodbot.bot.policy.rules import SELF_APPROVAL_REASON
 from nodbot.bot.serve import Served, serving
 
 SECRETS = {

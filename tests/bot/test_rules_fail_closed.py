@@ -21,8 +21,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from nodbot.bot.config import Config, load_config
-from nodbot.bot.policy import RulesPort, rules_executor
-from nodbot.bot.remember import remember_decision
+from nodbot.bot.policy.remember import remember_decision
+from nodbot.bot.policy.rules import RulesPort, rules_executor
 from nodbot.core import (
     ApprovalRequest,
     Decision,

@@ -18,7 +18,7 @@ import httpx
 import pytest
 import yaml
 
-from nodbot.bot.policy import SELF_APPROVAL_REASON, rules_executor
+from nodbot.bot.policy.rules import SELF_APPROVAL_REASON, rules_executor
 from nodbot.bot.serve import Served, serving
 from nodbot.core import ApprovalRecord, Delivery, ToolCall
 from tests.fakes.slack import (

@@ -15,7 +15,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from nodbot.bot.policy import rules_executor
+from nodbot.bot.policy.rules import rules_executor
 from nodbot.core import Delivery, ToolCall
 from tests.bot.processes import nodbot_serve
 from tests.bot.test_slack import API, TOKEN, Bot, actions_of, slack_bot

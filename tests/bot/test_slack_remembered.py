@@ -16,7 +16,7 @@ from typing import Any
 import httpx
 import pytest
 
-from nodbot.bot.remember import remembered_of
+from nodbot.bot.policy.remember import remembered_of
 from nodbot.bot.serve import Served, serving
 from nodbot.bot.slack.messages import for_how_long
 from nodbot.core import ApprovalRecord

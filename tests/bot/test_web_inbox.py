@@ -23,11 +23,11 @@ import httpx
 import pytest
 import uvicorn
 
-from nodbot.bot.authorize import Verdict, authorizer_for
 from nodbot.bot.config import Config, load_config
 from nodbot.bot.forms import edit_fields, parse_edit
 from nodbot.bot.http import AuthorizeDecision, create_app
-from nodbot.bot.policy import SELF_APPROVAL_REASON, rules_executor
+from nodbot.bot.policy.authorize import Verdict, authorizer_for
+from nodbot.bot.policy.rules import SELF_APPROVAL_REASON, rules_executor
 from nodbot.bot.serve import serving
 from nodbot.bot.web import WebInbox, sign_in_link
 from nodbot.bot.web.signing import Signer

@@ -32,8 +32,8 @@ from slack_sdk.errors import SlackApiError
 
 from nodbot.bot.config import Config, parse_reviewer
 from nodbot.bot.config.values import Reviewer
-from nodbot.bot.people import IdentityUnavailable, People, Person
-from nodbot.bot.policy import SELF_APPROVAL_REASON, Authorize, rule_refusal
+from nodbot.bot.policy.people import IdentityUnavailable, People, Person
+from nodbot.bot.policy.rules import SELF_APPROVAL_REASON, Authorize, rule_refusal
 from nodbot.bot.slack.directory import Directory
 from nodbot.core import ApprovalRecord, Decision, RunNotFound, RunStore, StoreError
 

@@ -33,11 +33,11 @@ from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
-from nodbot.bot.bounds import edit_refusal
 from nodbot.bot.config import Config
 from nodbot.bot.config.models import ReviewPolicy
-from nodbot.bot.remember import CHANNEL as REMEMBERED
-from nodbot.bot.remember import remembered_decision, rule_digest
+from nodbot.bot.policy.bounds import edit_refusal
+from nodbot.bot.policy.remember import CHANNEL as REMEMBERED
+from nodbot.bot.policy.remember import remembered_decision, rule_digest
 from nodbot.core import (
     ApprovalAlreadyDecided,
     ApprovalRecord,
@@ -59,7 +59,7 @@ from nodbot.core.arguments_schema import judged_arguments
 from nodbot.core.store import utc_now
 
 if TYPE_CHECKING:
-    from nodbot.bot.authorize import Verdict
+    from nodbot.bot.policy.authorize import Verdict
 
 __all__ = [
     "SELF_APPROVAL_REASON",
@@ -273,7 +273,7 @@ class RulesPort(DeferredApproval):
     def _authorizer(self) -> Authorize:
         if self._authorize is None:
             # Imported here: `bot.authorize` imports this module.
-            from nodbot.bot.authorize import authorizer_for
+            from nodbot.bot.policy.authorize import authorizer_for
 
             runs = self.store if isinstance(self.store, RunStore) else None
             self._authorize = authorizer_for(self.config, runs=runs)

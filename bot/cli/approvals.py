@@ -18,9 +18,9 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
-from nodbot.bot.authorize import authorizer_for
 from nodbot.bot.config import Config, load_agents, load_config
 from nodbot.bot.http.schemas import ApprovalView
+from nodbot.bot.policy.authorize import authorizer_for
 from nodbot.bot.slack.channel import SlackChannel
 from nodbot.bot.store import store_for
 from nodbot.core import (

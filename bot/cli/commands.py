@@ -12,14 +12,14 @@ import sys
 from collections.abc import Sequence
 from typing import Any, NoReturn
 
-from nodbot.bot.approvals_cli import add_approvals_commands, run_approvals_command
-from nodbot.bot.audit_cli import add_audit_commands, key_from_environment, run_audit_command
+from nodbot.bot.cli.approvals import add_approvals_commands, run_approvals_command
+from nodbot.bot.cli.audit import add_audit_commands, key_from_environment, run_audit_command
+from nodbot.bot.cli.init import add_init_command, run_init_command
+from nodbot.bot.cli.runs import add_runs_commands, run_runs_command
+from nodbot.bot.cli.sessions import add_sessions_commands, run_sessions_command
 from nodbot.bot.config import ConfigError, load_config, trust_warnings
 from nodbot.bot.config.agents import report_agents
-from nodbot.bot.init_cli import add_init_command, run_init_command
-from nodbot.bot.runs_cli import add_runs_commands, run_runs_command
 from nodbot.bot.serve import CannotListen, serve
-from nodbot.bot.sessions_cli import add_sessions_commands, run_sessions_command
 from nodbot.bot.web import sign_in_link
 from nodbot.core import NodbotError, SqlApprovalStore, __version__
 from nodbot.core.sqlstore import head_revision

@@ -97,7 +97,7 @@ SECRETS = ("NODBOT_WEB_SECRET", "NODBOT_AUDIT_KEY", "NODBOT_TOKEN_OPS", "NODBOT_
 
 def add_init_command(commands: Any) -> None:
     """`nodbot init [--dir D] [--port N] [--reviewer WHO]`."""
-    from nodbot.bot.cli import port_number  # the command's own port check
+    from nodbot.bot.cli.commands import port_number  # the command's own port check
 
     init = commands.add_parser(
         "init",
