@@ -31,7 +31,7 @@ async def postgres_database() -> AsyncIterator[str]:
     """
     server = postgres_server_url()
     if server is None:
-        pytest.skip(f"PostgreSQL tests need {POSTGRES_URL_VARIABLE} (see README, Tests)")
+        pytest.skip(f"PostgreSQL tests need {POSTGRES_URL_VARIABLE} (see docs/development.md)")
     import asyncpg  # only PostgreSQL tests need the driver
 
     name = f"nodbot_test_{uuid.uuid4().hex[:12]}"

@@ -53,7 +53,7 @@ def test_the_bot_benchmark_with_the_bot_s_logs_keeps_them_out_of_its_report() ->
 def test_the_notices_benchmark_runs_and_reports_every_figure() -> None:
     server = postgres_server_url()
     if server is None:
-        pytest.skip("PostgreSQL tests need NODBOT_TEST_POSTGRES_URL (see README, Tests)")
+        pytest.skip("PostgreSQL tests need NODBOT_TEST_POSTGRES_URL (see docs/development.md)")
     command = [sys.executable, "bench/notices.py", "--decisions", "16", "--rounds", "2"]
     environment = {**os.environ, "NODBOT_BENCH_POSTGRES_URL": server}
     done = subprocess.run(

@@ -520,11 +520,11 @@ async def test_keys_are_kept_a_day_then_pruned_by_a_later_keyed_write(
         assert await store.find_key(other) is not None
 
 
-# --- the README ------------------------------------------------------------------------------
+# --- the docs ------------------------------------------------------------------------------
 
 
 def readme_section() -> str:
-    readme = (ROOT / "README.md").read_text()
+    readme = (ROOT / "docs" / "api.md").read_text()
     return readme.split("### Idempotent starts and requests\n", 1)[1].split("\n### ", 1)[0]
 
 

@@ -1,7 +1,7 @@
-"""The README's "Running the bot" steps, run as written, in order, in an empty folder: `nodbot
-init`, the secrets loaded, `nodbot serve` in the background, a run started with curl, the
-pending approval listed, a sign-in link, and the approval decided with curl; then the tool
-has run and the run has finished.
+"""The quick start's "Running the bot" steps (docs/quickstart.md), run as written, in order, in
+an empty folder: `nodbot init`, the secrets loaded, `nodbot serve` in the background, a run
+started with curl, the pending approval listed, a sign-in link, and the approval decided with
+curl; then the tool has run and the run has finished.
 
 Two things are filled in as a reader would: a free port instead of 8080 (one may be taken on
 a shared machine), and the approval id the listing printed instead of `<approval_id>`. The
@@ -30,8 +30,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def steps() -> list[str]:
     """The command lines of the first shell block of the section, as written."""
-    readme = (ROOT / "README.md").read_text()
-    section = readme.split("## Running the bot", 1)[1]
+    page = (ROOT / "docs" / "quickstart.md").read_text()
+    section = page.split("## Running the bot", 1)[1]
     block = section.split("```sh\n", 1)[1].split("```", 1)[0]
     return [line for line in block.splitlines() if line.strip()]
 
@@ -45,7 +45,7 @@ def free_port() -> int:
 
 def test_the_running_the_bot_steps_work_as_written(tmp_path: Path) -> None:
     if shutil.which("curl") is None:
-        pytest.skip("the README's steps use curl, which this machine does not have")
+        pytest.skip("the quick start's steps use curl, which this machine does not have")
     lines = steps()
     assert lines[0].startswith("nodbot init")
     port = free_port()

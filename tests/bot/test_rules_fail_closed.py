@@ -382,12 +382,12 @@ def test_check_config_warns_of_an_approve_rule_on_an_argument_the_tool_may_omit(
     assert completed.stdout.strip().endswith("1 warning)")
 
 
-# --- the README's example -----------------------------------------------------------------------
+# --- the docs' example -------------------------------------------------------------------------
 
 
 def readme_example() -> str:
-    """The YAML block of the README's "Rules judge validated arguments, and fail closed"."""
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    """The YAML block of docs/rules.md's "Rules judge validated arguments, and fail closed"."""
+    readme = (Path(__file__).resolve().parents[2] / "docs" / "rules.md").read_text()
     section = readme.split("### Rules judge validated arguments, and fail closed\n", 1)[1]
     return section.split("```yaml\n", 1)[1].split("```", 1)[0]
 
