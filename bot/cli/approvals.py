@@ -1,8 +1,11 @@
 """`nodbot approvals list|show|decide`: the approvals of a configuration's store, from a shell.
 
 `list` and `show` give a reviewer's edit beside the original values (`amount 120.0 → 100`),
-since the edited values are what ran; `list --json` prints one JSON document, a list of the
-API's `ApprovalView`s, for scripts.
+since the edited values are what ran; `show` gives the review's deadline and what it then
+becomes, the approvals so far and needed (with who gave them), and where the review was
+delivered (with why a delivery failed: a Slack channel that has not invited the bot says how
+to invite it); `list --json` prints one JSON document, a list of the API's `ApprovalView`s,
+for scripts.
 
 A decision made here is a vote like one made over the API (channel `cli`), allowed by the
 same rules; a running bot picks it up (at once on PostgreSQL, within `workers.poll` on
@@ -16,18 +19,21 @@ import getpass
 import json
 import os
 from collections.abc import Sequence
+from datetime import UTC
 from typing import Any
 
 from nodbot.bot.config import Config, load_agents, load_config
-from nodbot.bot.http.schemas import ApprovalView
+from nodbot.bot.http.schemas import ApprovalView, approvals_of
 from nodbot.bot.policy.authorize import authorizer_for
 from nodbot.bot.slack.channel import SlackChannel
 from nodbot.bot.store import store_for
 from nodbot.core import (
+    ApprovalEvent,
     ApprovalRecord,
     ApprovalStatus,
     Decision,
     DeferredApproval,
+    Delivery,
     Executor,
     NodbotError,
     SqlApprovalStore,
@@ -35,6 +41,7 @@ from nodbot.core import (
     ToolRegistry,
 )
 from nodbot.core.remembered import RememberedApproval
+from nodbot.core.store import TIMEOUT_DECIDER
 
 __all__ = ["add_approvals_commands", "run_approvals_command"]
 
@@ -84,18 +91,22 @@ async def run_approvals_command(arguments: argparse.Namespace) -> str:
             status: ApprovalStatus | None = arguments.status
             records = await store.list(run_id=arguments.run, status=status, limit=arguments.limit)
             if arguments.json:
-                views = [ApprovalView.of(record).model_dump(mode="json") for record in records]
-                return json.dumps(views, ensure_ascii=False, indent=2)
+                views = [(await ApprovalView.read(store, record)) for record in records]
+                found = [view.model_dump(mode="json") for view in views]
+                return json.dumps(found, ensure_ascii=False, indent=2)
             return _table(records)
         if arguments.action == "show":
             record = await store.get(arguments.approval_id)
             events = await store.events(record.approval_id)
-            lines = [_describe(record), "events:"]
+            lines = [_describe(record, events), "events:"]
             lines += [
                 f"  {e.at:%Y-%m-%d %H:%M:%S} {e.kind} {e.actor or ''} {e.channel or ''} "
                 f"{json.dumps(e.detail) if e.detail else ''}".rstrip()
                 for e in events
             ]
+            deliveries = await store.deliveries(record.approval_id)
+            if deliveries:
+                lines += ["deliveries:", *(_delivery_line(d) for d in deliveries)]
             return "\n".join(lines)
         if arguments.action == "remembered":
             kept = await store.remembered.list(live=not arguments.all)
@@ -136,7 +147,20 @@ async def _decide(config: Config, store: SqlApprovalStore, arguments: argparse.N
     decided = await executor.decide(
         record.approval_id, decision, channel=CHANNEL, person=verdict.person, evidence=evidence
     )
-    return _describe(decided)
+    return _describe(decided, await store.events(decided.approval_id))
+
+
+def _delivery_line(delivery: Delivery) -> str:
+    """Where the review was told, how that went, and why it failed (what to do, for a Slack
+    channel that has not invited the bot)."""
+    state = {"due": "waiting", "sent": "sent", "failed": "given up"}.get(
+        delivery.status, delivery.status
+    )
+    if delivery.status == "due" and delivery.attempts:
+        state = f"to be tried again at {delivery.due_at.astimezone(UTC):%Y-%m-%d %H:%M:%S} UTC"
+    attempts = f", {delivery.attempts} attempt(s)" if delivery.attempts else ""
+    line = f"  {delivery.target} ({delivery.kind}): {state}{attempts}"
+    return f"{line}: {delivery.error}" if delivery.error and delivery.status != "sent" else line
 
 
 def _remembered_table(kept: Sequence[RememberedApproval]) -> str:
@@ -197,7 +221,31 @@ def _edit(record: ApprovalRecord) -> str:
     )
 
 
-def _describe(record: ApprovalRecord) -> str:
+def _deadline(record: ApprovalRecord) -> str:
+    """When the review expires, and what it then becomes."""
+    deadline = record.request.deadline
+    if deadline is None:
+        return "  no deadline: it waits until someone decides"
+    when = f"  deadline {deadline.astimezone(UTC):%Y-%m-%d %H:%M:%S} UTC"
+    if record.status != "pending":
+        return when
+    becomes = "approved" if record.request.on_timeout == "approve" else "denied"
+    return f"{when}, then {becomes} by {TIMEOUT_DECIDER} if nobody decides"
+
+
+def _votes(record: ApprovalRecord, events: Sequence[ApprovalEvent]) -> str:
+    """The approvals so far and needed, and who gave them."""
+    approvers = [
+        e.actor or "?"
+        for e in events
+        if e.kind == "voted" and e.detail.get("action") in ("approve", "edit")
+    ]
+    count = approvals_of(record, events)
+    line = f"  approvals {count} of {record.request.approvals_required}"
+    return f"{line} ({', '.join(approvers)})" if approvers else line
+
+
+def _describe(record: ApprovalRecord, events: Sequence[ApprovalEvent]) -> str:
     decision: Decision | None = record.decision
     decided = "pending"
     if decision is not None:
@@ -213,4 +261,5 @@ def _describe(record: ApprovalRecord) -> str:
     edit = _edit(record)
     if edit:
         lines.append(f"  edited: {edit}")
+    lines += [_deadline(record), _votes(record, events)]
     return "\n".join(lines)

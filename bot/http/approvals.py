@@ -240,8 +240,9 @@ class _ApprovalsApi:
         self.tokens.require(request, "approvals:read")
         query = parse(ListQuery, dict(request.query_params), "invalid query parameters")
         records = await self.store.list(run_id=query.run_id, status=query.status, limit=query.limit)
-        views = [ApprovalView.of(record).model_dump(mode="json") for record in records]
-        return JSONResponse(views)
+        # The votes of the reviews that need several approvals are read, one read each.
+        views = [(await ApprovalView.read(self.store, record)) for record in records]
+        return JSONResponse([view.model_dump(mode="json") for view in views])
 
     async def get(self, request: Request) -> Response:
         self.tokens.require_any(request, "approvals:read", "approvals:request")
@@ -258,7 +259,7 @@ class _ApprovalsApi:
             record = await self._record(approval_id)
         events = await self.store.events(record.approval_id)
         detail = ApprovalDetail(
-            **ApprovalView.fields_of(record), events=[EventView.of(e) for e in events]
+            **ApprovalView.fields_of(record, events), events=[EventView.of(e) for e in events]
         )
         return json_response(detail)
 
@@ -325,7 +326,11 @@ class _ApprovalsApi:
             )
         if self.on_decided is not None:
             self.on_decided()  # the run may be ready to go on
-        return json_response(ApprovalView.of(decided))
+        try:
+            view = await ApprovalView.read(self.store, decided)
+        except StoreError:  # the decision is recorded: say so, its votes not counted
+            view = ApprovalView.of(decided)
+        return json_response(view)
 
     async def _deciding(self, approval_id: str) -> ApprovalRecord:
         """The review to decide: as the store made it pending, when it still knows it (no

@@ -194,7 +194,7 @@ def request_routes(service: BotService, tokens: TokenTable) -> list[Route]:
                 _same_call(existing, asked)
                 if key is not None:
                     await store.keep_key(key, existing.approval_id)
-                return json_response(ApprovalView.of(existing))
+                return json_response(await ApprovalView.read(store, existing))
             if body.description:
                 policy = {**asked.policy, "call_description": body.description}
                 asked = replace(asked, policy=policy)
@@ -205,7 +205,7 @@ def request_routes(service: BotService, tokens: TokenTable) -> list[Route]:
         _same_call(record, asked)  # another request for the call won a race: the same call?
         if decided:
             service.decided()
-        return json_response(ApprovalView.of(record), status=201)
+        return json_response(await ApprovalView.read(store, record), status=201)
 
     async def _repeated(key: IdempotencyKey, kept: KeptKey) -> Response:
         """The answer to a repeat of a keyed request: the approval its key names, as it is
@@ -214,7 +214,7 @@ def request_routes(service: BotService, tokens: TokenTable) -> list[Route]:
         conflict = other_body(key, kept)
         if conflict is not None:
             raise conflict
-        return json_response(ApprovalView.of(await store.get(kept.target_id)))
+        return json_response(await ApprovalView.read(store, await store.get(kept.target_id)))
 
     async def consume(request: Request) -> Response:
         token = tokens.require_token(request, "approvals:request")

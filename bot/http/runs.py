@@ -201,7 +201,7 @@ async def _view(
         error=run.error,
         created_at=run.created_at,
         updated_at=run.updated_at,
-        pending=[ApprovalView.of(record) for record in pending],
+        pending=[await ApprovalView.read(service.store, record) for record in pending],
         tool_results=[
             ToolResultView(
                 tool=message.name,

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+from collections.abc import Sequence
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
@@ -25,6 +26,7 @@ from nodbot.core import (
     ApprovalEvent,
     ApprovalRecord,
     ApprovalStatus,
+    ApprovalStore,
     Decision,
     ToolDecision,
     check_edit_arguments,
@@ -44,10 +46,12 @@ __all__ = [
     "EventView",
     "HealthView",
     "ListQuery",
+    "approvals_of",
     "field_errors",
     "idempotency_key",
     "kept_by",
     "other_body",
+    "votes_of",
 ]
 
 IDEMPOTENCY_HEADER = "Idempotency-Key"
@@ -166,7 +170,7 @@ class EventView(_Model):
 
 
 class ApprovalView(_Model):
-    """A stored approval as the API shows it."""
+    """A stored approval as the API shows it (`ApprovalView.read` counts its votes)."""
 
     approval_id: str
     run_id: str
@@ -186,10 +190,26 @@ class ApprovalView(_Model):
     """Whether the call that took the decision has ended."""
     outcome: str | None
     """How that call ended: ok, error, denied, ..."""
+    deadline: datetime | None
+    """When the review expires if nobody has decided it (UTC): its rule's `timeout` after it
+    opened; None when the rule has no timeout."""
+    timeout_decision: Literal["approve", "deny"] | None
+    """What the review becomes at its deadline (decided by `nodbot:timeout`): the rule's
+    `timeout_decision`; None without a deadline."""
+    approvals_required: int
+    """How many distinct reviewers must approve (the rule's `approvals_required`); any deny
+    denies at once."""
+    approvals: int | None
+    """How many reviewers have approved so far (a review that needs one approval: 1 once
+    approved). None only in a view made without reading the votes of a review that needs
+    several (a run's pending reviews, a webhook's body)."""
 
     @classmethod
-    def fields_of(cls, record: ApprovalRecord) -> dict[str, Any]:
-        """The view's fields for a stored record."""
+    def fields_of(
+        cls, record: ApprovalRecord, events: Sequence[ApprovalEvent] | None = None
+    ) -> dict[str, Any]:
+        """The view's fields for a stored record; `events`, its audit log, count the votes
+        of a review that needs several approvals."""
         request, decision = record.request, record.decision
         return {
             "approval_id": record.approval_id,
@@ -205,12 +225,45 @@ class ApprovalView(_Model):
             "consumed": record.consumed,
             "finished": record.finished,
             "outcome": record.outcome,
+            "deadline": request.deadline,
+            "timeout_decision": None if request.deadline is None else request.on_timeout,
+            "approvals_required": request.approvals_required,
+            "approvals": approvals_of(record, events),
         }
 
     @classmethod
-    def of(cls, record: ApprovalRecord) -> ApprovalView:
-        """The view of a stored record."""
-        return cls(**cls.fields_of(record))
+    def of(
+        cls, record: ApprovalRecord, events: Sequence[ApprovalEvent] | None = None
+    ) -> ApprovalView:
+        """The view of a stored record (with its audit log `events`, its votes counted)."""
+        return cls(**cls.fields_of(record, events))
+
+    @classmethod
+    async def read(cls, store: ApprovalStore, record: ApprovalRecord) -> ApprovalView:
+        """The view of a stored record with its votes counted: the store's events are read
+        for a review that needs several approvals, the others need none."""
+        return cls.of(record, await votes_of(store, record))
+
+
+def approvals_of(record: ApprovalRecord, events: Sequence[ApprovalEvent] | None) -> int | None:
+    """How many reviewers have approved `record` so far: its `voted` events that approve or
+    edit, when it needs several approvals; else 1 once approved, 0 before. None for a review
+    that needs several, without `events`."""
+    if record.request.approvals_required <= 1:
+        return int(record.status == "approved")
+    if events is None:
+        return None
+    return sum(
+        1 for e in events if e.kind == "voted" and e.detail.get("action") in ("approve", "edit")
+    )
+
+
+async def votes_of(store: ApprovalStore, record: ApprovalRecord) -> list[ApprovalEvent] | None:
+    """The events that count the votes of `record`: read only when it needs several
+    approvals (None otherwise: its status says)."""
+    if record.request.approvals_required <= 1:
+        return None
+    return await store.events(record.approval_id)
 
 
 class ApprovalDetail(ApprovalView):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import subprocess
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -18,7 +19,9 @@ from tests.bot.test_cli import nodbot
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def write_config(tmp_path: Path) -> Path:
+def write_config(
+    tmp_path: Path, rule: str = "reviewers: [U0123LEADS]\n    editable: [amount]"
+) -> Path:
     path = tmp_path / "nodbot.yml"
     path.write_text(
         f"""
@@ -27,8 +30,7 @@ agents:
   support: examples.support_agent:agent
 rules:
   - tool: refund
-    reviewers: [U0123LEADS]
-    editable: [amount]
+    {rule}
 """
     )
     return path
@@ -79,7 +81,7 @@ def test_decide_is_allowed_by_the_rules_and_recorded(paused: tuple[Path, str]) -
         config_file, "decide", approval_id, "edit", "--as", "U0123LEADS",
         "--arguments", '{"amount": "lots"}',
     )  # fmt: skip
-    assert invalid.returncode == 1
+    assert invalid.returncode == 2  # bad input
     assert "invalid edited arguments for tool 'refund'" in invalid.stderr
     decided = approvals(
         config_file, "decide", approval_id, "edit", "--as", "U0123LEADS",
@@ -124,3 +126,36 @@ def test_list_and_show_give_the_edit_beside_the_original_and_who_decided(
     assert row.endswith("edited: amount 120.0 → 100")
     shown = approvals(config_file, "show", approval_id).stdout
     assert "  edited: amount 120.0 → 100" in shown.splitlines()
+
+
+def test_show_and_the_json_list_give_the_deadline_and_the_votes_so_far_and_needed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(ROOT)
+    rule = (
+        "reviewers: [U0123LEADS, U0456OPSX]\n    approvals_required: 2\n"
+        "    timeout: 30m\n    timeout_decision: approve"
+    )
+    config_file = write_config(tmp_path, rule)
+    before = datetime.now(UTC)
+    approval_id = asyncio.run(pause_a_refund(config_file))
+    voted = approvals(config_file, "decide", approval_id, "approve", "--as", "U0123LEADS")
+    assert voted.returncode == 0, voted.stderr
+    shown = approvals(config_file, "show", approval_id).stdout.splitlines()
+    [deadline_line] = [line for line in shown if line.startswith("  deadline ")]
+    when = datetime.strptime(
+        deadline_line.split()[1] + " " + deadline_line.split()[2], "%Y-%m-%d %H:%M:%S"
+    )
+    assert timedelta(minutes=29) <= when.replace(tzinfo=UTC) - before <= timedelta(minutes=31)
+    assert deadline_line.endswith("UTC, then approved by nodbot:timeout if nobody decides")
+    assert "  approvals 1 of 2 (U0123LEADS)" in shown
+    [item] = json.loads(approvals(config_file, "list", "--json").stdout)
+    assert (item["approvals"], item["approvals_required"]) == (1, 2)
+    assert item["timeout_decision"] == "approve" and item["deadline"].startswith(f"{when:%Y-%m-%d}")
+
+
+def test_show_says_when_a_review_has_no_deadline(paused: tuple[Path, str]) -> None:
+    config_file, approval_id = paused
+    shown = approvals(config_file, "show", approval_id).stdout.splitlines()
+    assert "  no deadline: it waits until someone decides" in shown
+    assert "  approvals 0 of 1" in shown

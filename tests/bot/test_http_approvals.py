@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +20,7 @@ from nodbot.bot.http import AuthorizeDecision, create_app
 from nodbot.bot.policy.authorize import Verdict
 from nodbot.core import (
     ApprovalRecord,
+    ApprovalRequest,
     Decision,
     DeferredApproval,
     Executor,
@@ -28,6 +30,7 @@ from nodbot.core import (
     ToolRegistry,
     ToolResult,
 )
+from nodbot.core.tools import arguments_digest
 from tests.core.store.conftest import database_url
 
 SECRETS = {
@@ -220,6 +223,71 @@ async def test_an_unknown_id_is_404(api: Harness) -> None:
             "error": "no approval has this id",
             "details": {"approval_id": "apr_nope"},
         }
+
+
+# --- deadline and votes --------------------------------------------------------------------
+
+
+async def view_three_ways(api: Harness, approval_id: str) -> list[dict[str, Any]]:
+    """The approval as `GET /approvals/{id}` and `GET /approvals` show it."""
+    one = await api.client.get(f"/approvals/{approval_id}", headers=auth("reader"))
+    listed = await api.client.get("/approvals", headers=auth("reader"))
+    [item] = [view for view in listed.json() if view["approval_id"] == approval_id]
+    return [one.json(), item]
+
+
+async def test_the_view_carries_the_deadline_and_the_votes_so_far_and_needed(
+    api: Harness,
+) -> None:
+    arguments = {"order_id": "o-9", "amount": 900.0}
+    request = ApprovalRequest(
+        "run_q", "c1", "refund", arguments, arguments_digest(arguments),
+        requested_by="carl", deadline=datetime(2031, 5, 4, 12, 0, tzinfo=UTC),
+        on_timeout="approve", approvals_required=2,
+    )  # fmt: skip
+    approval_id = (await api.store.create(request)).approval_id
+    expected = {
+        "deadline": "2031-05-04T12:00:00Z",
+        "timeout_decision": "approve",
+        "approvals": 0,
+        "approvals_required": 2,
+    }
+    for view in await view_three_ways(api, approval_id):
+        assert {key: view[key] for key in expected} == expected
+    first = await api.decide(approval_id, "ana", action="approve")
+    assert first.status_code == 200, first.text
+    expected["approvals"] = 1
+    for view in [first.json(), *await view_three_ways(api, approval_id)]:
+        assert {key: view[key] for key in expected} == expected
+        assert view["status"] == "pending"
+    second = await api.decide(approval_id, "bob", action="approve")
+    assert (second.json()["status"], second.json()["approvals"]) == ("approved", 2)
+
+
+async def test_a_review_without_deadline_says_so_and_needs_one_approval(api: Harness) -> None:
+    _, _, approval_id = await api.pending("run_a")
+    expected = {
+        "deadline": None,
+        "timeout_decision": None,
+        "approvals": 0,
+        "approvals_required": 1,
+    }
+    for view in await view_three_ways(api, approval_id):
+        assert {key: view[key] for key in expected} == expected
+    decided = (await api.decide(approval_id, "ana", action="approve")).json()
+    assert (decided["approvals"], decided["approvals_required"]) == (1, 1)
+
+
+async def test_the_openapi_document_names_every_field_of_the_views(api: Harness) -> None:
+    _, _, approval_id = await api.pending("run_a")
+    schemas = (await api.client.get("/openapi.json")).json()["components"]["schemas"]
+    one, item = await view_three_ways(api, approval_id)
+    decided = (await api.decide(approval_id, "ana", action="deny", reason="no")).json()
+    for view, model in ((one, "ApprovalDetail"), (item, "ApprovalView"), (decided, "ApprovalView")):
+        assert set(view) == set(schemas[model]["properties"])
+        assert set(schemas[model]["required"]) <= set(view)
+    deadline = schemas["ApprovalView"]["properties"]["deadline"]
+    assert "expires" in deadline["description"]
 
 
 # --- deciding -------------------------------------------------------------------------------
