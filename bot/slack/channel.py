@@ -28,6 +28,13 @@ adopts the message it finds. If Slack will not show the conversation (a missing
 `*:history` scope), a warning names the scope and the post is made: a duplicate is better
 than a lost review. Every message a delivery recorded, also one whose delivery was given up
 after it posted, is updated once the review is decided.
+
+A `post_to` channel that the bot has not been invited to refuses the post (`not_in_channel`,
+or `channel_not_found` for a private one). The warning, and the delivery's error, name the
+channel and the two fixes (`/invite @nodbot` there, or the `chat:write.public` scope), and
+the post is tried again on the outbox's backoff (at most five minutes apart) while the review
+is pending: it appears soon after the bot is invited, once (a retry reads the channel's
+history first). A review decided meanwhile is given up there.
 """
 
 from __future__ import annotations
@@ -70,6 +77,10 @@ log = logging.getLogger(__name__)
 
 MESSAGES_TARGET = "slack:messages"
 """The delivery that updates a decided review's messages."""
+
+NOT_INVITED = frozenset({"not_in_channel", "channel_not_found"})
+"""Answers to a post to a channel that the bot is not a member of (a private channel is
+hidden from it): fixed by inviting the bot, so tried again while the review is pending."""
 
 PERMANENT_ERRORS = frozenset(
     {
@@ -163,6 +174,8 @@ class SlackChannel:
         self.registry = registry
         self.client = client or slack_client(config, session=session)
         self.directory = Directory(self.client, ttl=config.cache_ttl)
+        self._name: str | None = None
+        """The bot user's name, once `auth.test` said it."""
 
     # --- what to deliver ---------------------------------------------------------------------
 
@@ -232,14 +245,20 @@ class SlackChannel:
         earlier = message is not None
         if message is None:
             await progress.begin()
-            posted = await self.client.chat_postMessage(
-                channel=channel,
-                text=rendered.text,
-                blocks=rendered.blocks,
-                unfurl_links=False,
-                unfurl_media=False,
-                metadata=tag(record, delivery, "request"),
-            )
+            try:
+                posted = await self.client.chat_postMessage(
+                    channel=channel,
+                    text=rendered.text,
+                    blocks=rendered.blocks,
+                    unfurl_links=False,
+                    unfurl_media=False,
+                    metadata=tag(record, delivery, "request"),
+                )
+            except SlackApiError as exc:
+                error = str(exc.response.get("error") or "")
+                if kind == "channel" and error in NOT_INVITED:
+                    raise await self._not_invited(channel, error, record) from exc
+                raise
             message = {"channel": posted["channel"], "ts": posted["ts"]}
         if rendered.cut and "arguments" not in progress.ref:
             if not known:  # what follows may fail: the message is kept before
@@ -259,6 +278,44 @@ class SlackChannel:
         progress.ref.pop("begun", None)
         return {**progress.ref, "messages": [message]}
 
+    async def _not_invited(self, channel: str, error: str, record: ApprovalRecord) -> DeliveryError:
+        """The failure of a post to a channel that the bot is not a member of: logged with
+        what the operator can do about it, and tried again (on the outbox's backoff, at
+        most five minutes apart) while the review is pending, so that it is posted soon
+        after the bot is invited; given up once the review is decided."""
+        bot = await self._bot_name()
+        what = (
+            f"Slack refused to post review {record.approval_id} to channel {channel} "
+            f"({error}): the bot is not a member of it"
+        )
+        if error == "channel_not_found":
+            what = (
+                f"Slack does not show the bot channel {channel} ({error}) to post review "
+                f"{record.approval_id}: a private channel is hidden from a bot that is not in "
+                "it, or the name or id in post_to is wrong"
+            )
+        fixes = (
+            f"invite the bot: type /invite @{bot} in the channel, or (public channels only) "
+            "add the scope chat:write.public to the Slack app and reinstall it"
+        )
+        if record.decision is not None:
+            message = f"{what}; {fixes}. The review was decided before it could be posted there"
+            log.warning("%s: given up", message)
+            return DeliveryError(message, permanent=True)
+        message = f"{what}. To fix it, {fixes}. The post is tried again until the review is decided"
+        log.warning(message)
+        return DeliveryError(message)
+
+    async def _bot_name(self) -> str:
+        """The bot's user name, as `/invite @name` wants it (asked of Slack once)."""
+        if self._name is None:
+            try:
+                found = await self.client.auth_test()
+                self._name = str(found.get("user") or "") or None
+            except (SlackApiError, ClientError, TimeoutError) as exc:
+                log.debug("auth.test failed, the bot's name is not known: %s", exc)
+        return self._name or "<the app's bot user>"
+
     async def _earlier(
         self, progress: Progress, record: ApprovalRecord, channel: str
     ) -> dict[str, str] | None:
@@ -273,6 +330,11 @@ class SlackChannel:
                 self.client, conversation, record, progress.delivery, "request"
             )
         except Unreadable as exc:
+            if exc.error in NOT_INVITED:
+                # Not a member: the post that follows fails and says how to invite the bot
+                # (or, with chat:write.public, goes through unchecked).
+                log.debug("%s cannot be read before posting: %s", exc.channel, exc.error)
+                return None
             _unchecked(exc, record)
             return None
         if found is not None:

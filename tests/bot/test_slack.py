@@ -176,14 +176,20 @@ async def slack_bot(
     room: bool = False,
     socket: bool = False,
     group: bool = False,
+    invited: bool = True,
+    private: bool = False,
 ) -> AsyncIterator[Bot]:
+    """The bot serving against a fresh fake workspace; `room`: reviews go to a channel
+    (`private`: a private one) that the bot is a member of unless not `invited`."""
     monkeypatch.chdir(ROOT)
     async with slack_fake() as slack:
         lead = slack.add_user("lead", email="lead@example.com")
         second = slack.add_user("second", email="second@example.com")
         carol = slack.add_user("carol", email="carol@example.com")
         other = slack.add_user("other", email="other@example.com")
-        channel = slack.add_channel("refund-approvals", [lead, second, carol, other])
+        channel = slack.add_channel(
+            "refund-approvals", [lead, second, carol, other], bot_member=invited, private=private
+        )
         leads = slack.add_usergroup("leads", [lead, second])
         path = tmp_path / "nodbot.yml"
         path.write_text(

@@ -1097,6 +1097,15 @@ class SlackFake:
         self.channels[channel.id] = channel
         return channel
 
+    def invite(self, channel: Channel | str, user: User | str | None = None) -> None:
+        """Add `user` (by default the bot: `/invite @nodbot` in the channel) to `channel`'s
+        members: from now on the bot may post there and read its history."""
+        found = self.channels[channel.id if isinstance(channel, Channel) else channel]
+        member = _user_id(user) if user is not None else self.bot_user.id
+        if member not in found.members:
+            found.members.append(member)
+        self._touch()
+
     def add_usergroup(
         self, handle: str, members: Iterable[User | str] = (), name: str | None = None
     ) -> UserGroup:
@@ -1554,7 +1563,8 @@ class SlackFake:
     def _chat_post_message(self, params: JSON) -> JSON:
         channel = self._channel(params.get("channel"))
         if not channel.is_im and self.bot_user.id not in channel.members:
-            raise Refusal("not_in_channel")
+            # A private channel is hidden from a bot that is not in it, as Slack hides it.
+            raise Refusal("channel_not_found" if channel.is_private else "not_in_channel")
         text, blocks = self._content(params)
         thread_ts = _text(params, "thread_ts")
         message = Message(

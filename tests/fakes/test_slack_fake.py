@@ -232,6 +232,23 @@ async def test_lookups_answer_from_the_workspace_the_test_set_up(slack: SlackFak
     )
 
 
+async def test_a_channel_refuses_the_bot_until_it_is_invited(slack: SlackFake) -> None:
+    from slack_sdk.errors import SlackApiError
+
+    public = slack.add_channel("refunds", bot_member=False)
+    private = slack.add_channel("payroll", bot_member=False, private=True)
+    client = web_client(slack)
+    for channel, error in ((public, "not_in_channel"), (private, "channel_not_found")):
+        with pytest.raises(SlackApiError) as raised:
+            await client.chat_postMessage(channel=channel.id, text="review")
+        assert raised.value.response["error"] == error  # a private channel is hidden
+        slack.invite(channel)
+        posted = await client.chat_postMessage(channel=channel.id, text="review")
+        assert [m.ts for m in slack.messages(channel)] == [posted["ts"]]
+        history = await client.conversations_history(channel=channel.id)
+        assert [m["ts"] for m in history["messages"]] == [posted["ts"]]
+
+
 async def test_errors_come_back_as_slack_sends_them(slack: SlackFake) -> None:
     from slack_sdk.errors import SlackApiError
 
