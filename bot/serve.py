@@ -9,9 +9,12 @@ import errno
 import functools
 import gc
 import logging
+import signal
 import socket
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
+from types import FrameType
+from typing import Any
 
 import aiohttp
 import uvicorn
@@ -99,10 +102,11 @@ async def serving(
     """
     config = load_config(config_file)
     listening = _listen(
-        host or config.server.host,
+        config.server.host if host is None else host,
         config.server.port if port is None else port,
         config_file,
-        given="--port" if port is not None else None,
+        host_from="--host" if host is not None else None,
+        port_from="--port" if port is not None else None,
     )
     try:
         async with _serving(config, listening, host, configure_logs) as served:
@@ -131,6 +135,7 @@ async def _serving(
     hosted, _ = load_framework_agents(config)
     store = store_for(config)
     outbound: aiohttp.ClientSession | None = None
+    stopped = _Stopped()
     try:
         await store.open()
         registry = ToolRegistry.merged(agent.tools for agent in agents.values())
@@ -205,7 +210,7 @@ async def _serving(
         config_of_server = uvicorn.Config(
             app, log_level="warning", log_config=None, access_log=False
         )
-        server = _Server(config_of_server)
+        server = stopped.server = _Server(config_of_server)
         stop = asyncio.Event()
         serving_task = asyncio.create_task(server.serve(sockets=[listening]))
         # The rest is kept running (`bot.supervise`): restarted when it ends, and said down
@@ -239,6 +244,7 @@ async def _serving(
             gc.collect()
             gc.freeze()
             frozen = True
+            stopped.served = True
             yield Served(
                 url,
                 store.display_url,
@@ -249,6 +255,9 @@ async def _serving(
                 supervisor,
                 listener,
             )
+        except BaseException as exc:
+            stopped.failure = exc
+            raise
         finally:
             if frozen:
                 gc.unfreeze()  # a process that serves a bot in passing (tests) collects it all
@@ -266,6 +275,30 @@ async def _serving(
         if outbound is not None:
             await outbound.close()  # after the channels (service.close), which used it
         await store.close()
+        stopped.say()
+
+
+@dataclass
+class _Stopped:
+    """What `nodbot stopped` says, the bot's last line: why it stopped, once it had served."""
+
+    server: _Server | None = None
+    served: bool = False
+    failure: BaseException | None = None
+
+    def say(self) -> None:
+        if not self.served:
+            return  # it never served: whoever started it reports why
+        failure = self.failure
+        if self.server is not None and self.server.stopped_by is not None:
+            log.info("nodbot stopped", extra={"reason": self.server.stopped_by})
+        elif failure is None or isinstance(failure, GeneratorExit):
+            log.info("nodbot stopped", extra={"reason": "closed"})
+        elif isinstance(failure, asyncio.CancelledError):
+            log.info("nodbot stopped", extra={"reason": "cancelled"})
+        else:
+            reason = f"{type(failure).__name__}: {failure}"
+            log.error("nodbot stopped", extra={"reason": reason})
 
 
 async def _listening(listener: MailListener, stop: asyncio.Event) -> None:
@@ -293,33 +326,99 @@ class CannotListen(OSError):
     """The bot's address cannot be listened on (in use, not this machine's, not allowed)."""
 
 
-def _listen(host: str, port: int, config_file: str, *, given: str | None) -> socket.socket:
-    """A socket bound to `host`:`port`, listening; bound here rather than by uvicorn so that a
-    port in use is said in one line naming it and how to pick another."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+def _listen(
+    host: str, port: int, config_file: str, *, host_from: str | None, port_from: str | None
+) -> socket.socket:
+    """A socket bound to `host`:`port`, listening; bound here rather than by uvicorn so that
+    what is wrong is said in one line, blaming the host or the port and naming where it came
+    from (`host_from` / `port_from`, the option; None: the file's `server:`)."""
+    host_from = host_from or f"server.host of {config_file}"
+    port_from = port_from or f"server.port of {config_file}"
+    family, address = _address(host, port, host_from)
     # IPPROTO_TCP said outright: asyncio turns on TCP_NODELAY only for accepted sockets whose
     # protocol says TCP, and `socket.create_server` leaves it 0. Without it, each response
     # after the first on a kept-alive connection waits out the client's delayed ACK (~40 ms).
     listening = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     try:
         listening.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        listening.bind((host, port))
+        listening.bind(address)
         listening.listen(2048)
         return listening
     except OSError as exc:
         listening.close()
-        where = given or f"server.port of {config_file}"
-        why = "is in use" if exc.errno == errno.EADDRINUSE else f"cannot be used ({exc.strerror})"
+        raise _cannot_listen(exc, host, port, host_from, port_from) from None
+
+
+def _address(host: str, port: int, host_from: str) -> tuple[socket.AddressFamily, Any]:
+    """The family and socket address `host` names (an IPv4 one first, when it names both).
+    Raises `CannotListen` blaming the host when it names none."""
+    name = host.strip("[]")
+    # RFC 6761: a name under .invalid never resolves, and resolvers should say so without
+    # asking a DNS server; glibc's asks, so it is answered here.
+    if name.rstrip(".").lower().rpartition(".")[2] == "invalid":
+        found: list[Any] = []
+        why = ""
+    else:
+        try:
+            found = socket.getaddrinfo(
+                name,
+                port,
+                type=socket.SOCK_STREAM,
+                proto=socket.IPPROTO_TCP,
+                flags=socket.AI_PASSIVE,
+            )
+            why = ""
+        except socket.gaierror as exc:
+            found, why = [], f" ({exc.strerror})"
+    if not found:
         raise CannotListen(
-            f"{host}:{port} {why}; pick another port with --port N or in server.port "
-            f"(0 picks a free one); the port came from {where}"
-        ) from None
+            f"cannot listen on {host}: the host name does not resolve to an address{why}; "
+            f"the host came from {host_from}"
+        )
+    found.sort(key=lambda info: info[0] != socket.AF_INET)
+    family, _, _, _, address = found[0]
+    return family, address
+
+
+def _cannot_listen(
+    exc: OSError, host: str, port: int, host_from: str, port_from: str
+) -> CannotListen:
+    """What is wrong, blaming the host or the port as the error says."""
+    if exc.errno == errno.EADDRINUSE:
+        return CannotListen(
+            f"{host}:{port} is in use; pick another port with --port N or in server.port "
+            f"(0 picks a free one); the port came from {port_from}"
+        )
+    if exc.errno == errno.EADDRNOTAVAIL:
+        return CannotListen(
+            f"cannot listen on {host}: it is not an address of this machine ({exc.strerror}); "
+            "use one it has: 127.0.0.1 for this machine only, 0.0.0.0 for every interface; "
+            f"the host came from {host_from}"
+        )
+    if exc.errno == errno.EACCES and 0 < port < 1024:
+        return CannotListen(
+            f"{host}:{port} cannot be used ({exc.strerror}): a port below 1024 needs "
+            f"privileges; pick another port with --port N or in server.port; the port came "
+            f"from {port_from}"
+        )
+    return CannotListen(
+        f"{host}:{port} cannot be used ({exc.strerror}); the host came from {host_from}, the "
+        f"port from {port_from}"
+    )
 
 
 class _Server(uvicorn.Server):
     """uvicorn's server, stopped by SIGINT or SIGTERM like uvicorn's, except that it does not
     raise the signal again once stopped: the bot still has its workers, channels and store
     to close, and then ends normally."""
+
+    stopped_by: str | None = None
+    """The name of the signal that stopped it (SIGINT, SIGTERM), if one did."""
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        with contextlib.suppress(ValueError):
+            self.stopped_by = signal.Signals(sig).name
+        super().handle_exit(sig, frame)
 
     @contextlib.contextmanager
     def capture_signals(self) -> Iterator[None]:

@@ -43,6 +43,8 @@ _NO_KEY_HINT = (
 
 def add_audit_commands(commands: Any) -> None:
     """Add `audit verify|export` to the `nodbot` parser."""
+    from nodbot.bot.cli.commands import store_url  # the command's own check of a store URL
+
     audit = commands.add_parser(
         "audit",
         help="verify or export the audit trail",
@@ -65,7 +67,10 @@ def add_audit_commands(commands: Any) -> None:
         source = parser.add_mutually_exclusive_group(required=True)
         source.add_argument("--config", metavar="FILE", help="nodbot.yml: its store (and key)")
         source.add_argument(
-            "--store", metavar="URL", help="sqlite:///path.db or postgresql://user@host/db"
+            "--store",
+            type=store_url,
+            metavar="URL",
+            help="sqlite:///path.db or postgresql://user@host/db",
         )
     checking.add_argument(
         "--key-env",

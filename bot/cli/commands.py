@@ -12,22 +12,60 @@ import sys
 from collections.abc import Sequence
 from typing import Any, NoReturn
 
+from nodbot.bot import DOCS_URL
 from nodbot.bot.cli.approvals import add_approvals_commands, run_approvals_command
-from nodbot.bot.cli.audit import add_audit_commands, key_from_environment, run_audit_command
-from nodbot.bot.cli.init import add_init_command, run_init_command
+from nodbot.bot.cli.audit import (
+    AuditCommandError,
+    add_audit_commands,
+    key_from_environment,
+    run_audit_command,
+)
+from nodbot.bot.cli.init import InitError, add_init_command, run_init_command
 from nodbot.bot.cli.runs import add_runs_commands, run_runs_command
 from nodbot.bot.cli.sessions import add_sessions_commands, run_sessions_command
 from nodbot.bot.config import ConfigError, load_config, trust_warnings
 from nodbot.bot.config.agents import report_agents
+from nodbot.bot.config.models import store_url_problem
+from nodbot.bot.config.values import listen_host
 from nodbot.bot.serve import CannotListen, serve
-from nodbot.bot.web import sign_in_link
-from nodbot.core import NodbotError, SqlApprovalStore, __version__
+from nodbot.bot.web import SignInLinkError, sign_in_link
+from nodbot.core import (
+    ConfigurationError,
+    InvalidArgumentsError,
+    NodbotError,
+    SqlApprovalStore,
+    __version__,
+)
 from nodbot.core.sqlstore import head_revision
 
 DEFAULT_STORE = "sqlite:///nodbot.db"
 
 USAGE_ERROR = 2
-"""The exit status of a mistake in the command line (argparse's own)."""
+"""The exit status of a bad input: a mistake in the command line (argparse's own), or in the
+configuration file or another file it names (missing, unreadable, not YAML, refused by the
+schema, an unset variable), or a value the command refuses (a host, an agent, a store URL)."""
+
+FAILED = 1
+"""The exit status of a command that was given good input and failed while running: the store
+cannot be used, a run or an approval that is not there, a decision refused, an audit chain
+that does not verify."""
+
+EXIT_STATUSES = (
+    "exit status: 0 done; 1 failed while running (the store cannot be used, no such run or "
+    "approval, a decision refused, an audit chain that does not verify); 2 a bad input (the "
+    "command line, the configuration file or a file it names, a value refused)"
+)
+
+BAD_INPUT: tuple[type[Exception], ...] = (
+    CannotListen,
+    ConfigurationError,
+    InvalidArgumentsError,
+    AuditCommandError,
+    InitError,
+    SignInLinkError,
+)
+"""The errors of a bad input (exit status 2): a `ConfigError` of the file, an edit whose
+arguments the tool refuses (`approvals decide ... edit --arguments`), an unset key variable."""
 
 
 class _Parser(argparse.ArgumentParser):
@@ -55,6 +93,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="nodbot",
         description="A self-hosted approval bot: risky tool calls wait for a person.",
+        epilog=f"{EXIT_STATUSES}. Docs: {DOCS_URL}",
     )
     parser.add_argument("--version", action="version", version=f"nodbot {__version__}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
@@ -65,6 +104,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     migrate.add_argument(
         "--store",
+        type=store_url,
         default=DEFAULT_STORE,
         metavar="URL",
         help=f"sqlite:///path.db or postgresql://user@host/db (default: {DEFAULT_STORE})",
@@ -88,7 +128,12 @@ def build_parser() -> argparse.ArgumentParser:
         description="Run the bot of a configuration file until stopped (Ctrl-C).",
     )
     serve.add_argument("--config", default="nodbot.yml", metavar="FILE", help="nodbot.yml")
-    serve.add_argument("--host", help="listen address (default: server.host of the file)")
+    serve.add_argument(
+        "--host",
+        type=_host,
+        help="listen address: an IP address or a host name of this machine, 0.0.0.0 for "
+        "every interface (default: server.host of the file)",
+    )
     serve.add_argument("--port", type=port_number, help="port (default: server.port; 0 picks one)")
     link = commands.add_parser(
         "inbox-link",
@@ -109,11 +154,37 @@ def build_parser() -> argparse.ArgumentParser:
     add_sessions_commands(commands)
     add_init_command(commands)
     _add_mcp_command(commands)
+    _say_exit_statuses(parser)
     return parser
+
+
+def _say_exit_statuses(parser: argparse.ArgumentParser) -> None:
+    """Every command's help ends with what its exit statuses mean (unless it says more)."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for command in action.choices.values():
+                command.epilog = command.epilog or f"{EXIT_STATUSES}."
+                _say_exit_statuses(command)
 
 
 MCP_DEFAULT_BOT = "http://127.0.0.1:8080"
 MCP_DEFAULT_TIMEOUT = 3600.0
+
+
+def store_url(text: str) -> str:
+    """`--store`: a store URL of a supported database, or a file path."""
+    refused = store_url_problem(text)
+    if refused is not None:
+        raise argparse.ArgumentTypeError(refused)
+    return text
+
+
+def _host(text: str) -> str:
+    """`--host`: an IP address (IPv6 maybe in brackets) or a host name."""
+    try:
+        return listen_host(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _command_words(text: str) -> list[str]:
@@ -247,7 +318,7 @@ def _plural(count: int, noun: str) -> str:
 def _check_config(file: str) -> int:
     """Validate `file` and import its agents: prints its warnings to stderr (what cannot be
     trusted, see `trust_warnings`, then the agents'), then `FILE: ok (...)`, and returns 0;
-    or prints every problem to stderr and returns 1."""
+    or prints every problem to stderr and returns 2 (a bad input)."""
     warnings: list[str] = []
     try:
         config = load_config(file)
@@ -259,7 +330,7 @@ def _check_config(file: str) -> int:
     if problems:
         for problem in problems:
             print(problem, file=sys.stderr)
-        return 1
+        return USAGE_ERROR
     for warning in warnings:
         print(warning, file=sys.stderr)
     counts = [_plural(len(config.rules), "rule"), _plural(len(config.agents), "agent")]
@@ -318,7 +389,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             from nodbot.bot.mcp_gateway import run_mcp_command
         except ImportError as exc:
             print(f"nodbot mcp: {exc}", file=sys.stderr)
-            return 1
+            return FAILED
         return run_mcp_command(arguments)
     if arguments.command == "check-config":
         return _check_config(arguments.file)
@@ -342,13 +413,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigError as error:
         for problem in error.problems:
             print(problem, file=sys.stderr)
-        return 1
-    except CannotListen as error:
+        return USAGE_ERROR
+    except BAD_INPUT as error:
         print(f"nodbot: {error}", file=sys.stderr)
         return USAGE_ERROR
     except NodbotError as error:
         print(f"nodbot: {error}", file=sys.stderr)
-        return 1
+        return FAILED
     return 0
 
 

@@ -27,6 +27,7 @@ from nodbot.bot.config.values import (
     Count,
     Duration,
     ImportPath,
+    ListenHost,
     Name,
     PostTarget,
     Principal,
@@ -53,22 +54,31 @@ class StoreConfig(ConfigModel):
     @field_validator("url")
     @classmethod
     def _scheme(cls, value: str) -> str:
-        if not value.strip():
-            raise problem("expected a database URL or a file path, not an empty string")
-        if "://" in value and value.split("://", 1)[0] not in _STORE_SCHEMES:
-            # The URL itself is not shown: it may hold a password.
-            raise problem(
-                "expected sqlite:///path.db, postgresql://user@host/db or a file path; "
-                f"the scheme {value.split('://', 1)[0]!r} is not supported"
-            )
+        refused = store_url_problem(value)
+        if refused is not None:
+            raise problem(refused)
         return value
+
+
+def store_url_problem(value: str) -> str | None:
+    """What is wrong with a store URL (its scheme), or None; never shows the URL, which may
+    hold a password."""
+    if not value.strip():
+        return "expected a database URL or a file path, not an empty string"
+    if "://" in value and value.split("://", 1)[0] not in _STORE_SCHEMES:
+        return (
+            "expected sqlite:///path.db, postgresql://user@host/db or a file path; "
+            f"the scheme {value.split('://', 1)[0]!r} is not supported"
+        )
+    return None
 
 
 class ServerConfig(ConfigModel):
     """Where the bot's HTTP API and web inbox listen."""
 
-    host: str = "127.0.0.1"
-    """The address to listen on; 0.0.0.0 for every interface."""
+    host: ListenHost = "127.0.0.1"
+    """The address to listen on: an IP address or a host name of this machine; 0.0.0.0 for
+    every IPv4 interface, :: for every IPv6 one."""
     port: Annotated[Count, Field(ge=0, le=65535)] = 8080
     """The TCP port, 1 to 65535; 0 lets the system pick a free one (the bot prints it)."""
 
@@ -213,7 +223,7 @@ class WebConfig(ConfigModel):
 
 
 class SlackConfig(ConfigModel):
-    """The Slack channel: the app's tokens, and how Slack reaches the bot (README, "Slack")."""
+    """The Slack channel: the app's tokens, and how Slack reaches the bot (docs: Slack setup)."""
 
     mode: Literal["http", "socket"] = "http"
     """`http`: Slack sends clicks to https://<host>/slack/events (signed with
@@ -260,7 +270,7 @@ WEBHOOK_EVENTS: tuple[WebhookEvent, ...] = (
 
 class Webhook(ConfigModel):
     """An HTTP endpoint told of reviews: a JSON body, signed with HMAC-SHA256 over the
-    timestamp and the body (see the README, Webhooks), retried with backoff until it answers
+    timestamp and the body (docs: Webhooks), retried with backoff until it answers
     2xx. An app that runs its own executor against the bot's database resumes its run when it
     is told `approval.decided`."""
 
@@ -650,7 +660,7 @@ class InboundConfig(ConfigModel):
 
 
 class EmailConfig(ConfigModel):
-    """The email channel: each review is emailed to its email reviewers (README, "Email")."""
+    """The email channel: each review is emailed to its email reviewers (docs: Email setup)."""
 
     sender: Address = Field(alias="from")
     """`from`: the bot's address, the sender of every email."""

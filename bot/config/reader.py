@@ -5,6 +5,7 @@ puts it together."""
 
 from __future__ import annotations
 
+import difflib
 import os
 import re
 from collections.abc import Iterator, Mapping
@@ -241,7 +242,7 @@ def _read_yaml(file: str, text: str, environ: Mapping[str, str]) -> tuple[Any, S
     return data, source, reader
 
 
-_TOP = ", ".join(Config.model_fields)
+_TOP = ", ".join(field.alias or name for name, field in Config.model_fields.items())
 
 
 # --- reporting validation errors ------------------------------------------------------------
@@ -282,11 +283,17 @@ def _messages(detail: ErrorDetails, loc: KeyPath, source: Source) -> Iterator[tu
 
 
 def _unknown_key(loc: KeyPath) -> str:
+    """`unknown key 'x'`, with the closest known key of that place when one is close (a
+    typo), then every known key there, as the file writes them (`from`, not `sender`)."""
     model = _model_at(loc[:-1])
     if model is None:  # not reached: every model is reachable from Config; kept as a fallback
         return "unknown key"
-    known = ", ".join(model.model_fields)
-    return f"unknown {model.key_noun} {loc[-1]!r}; expected one of: {known}"
+    keys = [field.alias or name for name, field in model.model_fields.items()]
+    said = f"unknown {model.key_noun} {loc[-1]!r}"
+    close = difflib.get_close_matches(str(loc[-1]), keys, n=1, cutoff=0.6)
+    if close:
+        return f"{said}; did you mean {close[0]!r}? (expected one of: {', '.join(keys)})"
+    return f"{said}; expected one of: {', '.join(keys)}"
 
 
 def _model_at(loc: KeyPath) -> type[ConfigModel] | None:

@@ -4,6 +4,7 @@ the settings every configuration model shares."""
 
 from __future__ import annotations
 
+import ipaddress
 import re
 from dataclasses import dataclass
 from typing import Annotated, ClassVar, Literal, TypeAlias
@@ -187,6 +188,47 @@ def _import_path(value: str) -> str:
 ImportPath: TypeAlias = Annotated[str, AfterValidator(_import_path)]
 """`package.module:attribute`, naming a `core.Agent` or a zero-argument callable returning
 one."""
+
+
+# --- addresses to listen on -----------------------------------------------------------------
+
+_LABEL = re.compile(r"(?!-)[A-Za-z0-9-]{1,63}(?<!-)")
+
+
+def listen_host(value: str) -> str:
+    """An address to listen on, as written: an IPv4 address, an IPv6 address (in brackets or
+    not; returned without them) or a host name (letters, digits and `-` in dot-separated
+    labels). Raises `ValueError` saying so for anything else; whether a name resolves, and
+    to an address of this machine, is only known when the bot listens."""
+    text = value.strip()
+    refused = ValueError(f"{value!r} is not a host name or an IP address")
+    bracketed = text.startswith("[") and text.endswith("]")
+    if bracketed or ":" in text:
+        try:
+            return str(ipaddress.IPv6Address(text[1:-1] if bracketed else text))
+        except ValueError:
+            raise refused from None
+    with_dot = text.removesuffix(".")
+    labels = with_dot.split(".")
+    if all(label.isdigit() for label in labels):  # numbers only: an IPv4 address or nothing
+        try:
+            return str(ipaddress.IPv4Address(text))
+        except ValueError:
+            raise refused from None
+    if len(with_dot) > 253 or not all(_LABEL.fullmatch(label) for label in labels):
+        raise refused
+    return text
+
+
+def _listen_host(value: str) -> str:
+    try:
+        return listen_host(value)
+    except ValueError as exc:
+        raise problem(str(exc)) from None
+
+
+ListenHost: TypeAlias = Annotated[str, AfterValidator(_listen_host)]
+"""An IP address or a host name to listen on (`listen_host`)."""
 
 
 # --- the models' shared settings ------------------------------------------------------------

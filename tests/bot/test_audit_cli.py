@@ -94,7 +94,7 @@ def test_verify_problems_and_errors_print_as_lines(
         "of the file with --config)",
     ]
     monkeypatch.delenv("UNSET_KEY", raising=False)
-    assert main(["audit", "verify", "--store", url, "--key-env", "UNSET_KEY"]) == 1
+    assert main(["audit", "verify", "--store", url, "--key-env", "UNSET_KEY"]) == 2
     assert capsys.readouterr().err == (
         "nodbot: the environment variable UNSET_KEY (--key-env) is not set\n"
     )

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import importlib.resources
+import os
 import shutil
 import socket
 import subprocess
 import sys
 from pathlib import Path
 
+from nodbot.bot import DOCS_URL
 from nodbot.core import SqlApprovalStore, __version__
 from nodbot.core.sqlstore import head_revision
 
@@ -129,7 +132,7 @@ def test_check_config_lists_every_problem_of_the_file_at_once(tmp_path: Path) ->
     completed = subprocess.run(
         [nodbot(), "check-config", str(file)], capture_output=True, text=True, cwd=tmp_path
     )
-    assert completed.returncode == 1
+    assert completed.returncode == 2  # a bad input
     lines = completed.stderr.strip().splitlines()
     assert [line.split(": ", 2)[1] for line in lines] == [
         "store.url",
@@ -139,3 +142,58 @@ def test_check_config_lists_every_problem_of_the_file_at_once(tmp_path: Path) ->
     ], lines
     assert "NODBOT_TEST_NOT_SET is not set" in lines[0]
     assert "Traceback" not in completed.stderr
+
+
+# --- nodbot init ------------------------------------------------------------------------------
+
+
+def environment_of(folder: Path) -> dict[str, str]:
+    """The environment with the `.env` that `nodbot init` wrote loaded."""
+    loaded = dict(os.environ)
+    for line in (folder / ".env").read_text().splitlines():
+        name, _, value = line.partition("=")
+        loaded[name] = value
+    return loaded
+
+
+def test_init_names_the_docs_and_no_file_the_wheel_lacks(tmp_path: Path) -> None:
+    completed = subprocess.run(
+        [nodbot(), "init", "--dir", str(tmp_path)], capture_output=True, text=True, check=True
+    )
+    said = completed.stdout + (tmp_path / "nodbot.yml").read_text()
+    assert DOCS_URL in completed.stdout.splitlines()[-1]
+    assert DOCS_URL in (tmp_path / "nodbot.yml").read_text()
+    for absent in ("README", "nodbot.example.yml"):
+        assert absent not in said
+
+
+def test_init_full_writes_the_annotated_example_which_checks(tmp_path: Path) -> None:
+    folder = tmp_path / "bot"
+    completed = subprocess.run(
+        [nodbot(), "init", "--full", "--dir", str(folder), "--port", "8181"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert completed.stdout.splitlines()[:3] == [
+        f"wrote {folder / 'nodbot.yml'}",
+        f"wrote {folder / '.env'}",
+        f"wrote {folder / 'agent.py'}",
+    ]
+    written = (folder / "nodbot.yml").read_text()
+    shipped = importlib.resources.files("nodbot").joinpath("nodbot.example.yml").read_text()
+    # The example as shipped, but for its folder: the agent beside it, the port asked for.
+    assert written == shipped.replace("examples.support_agent:agent", "agent:agent").replace(
+        "${NODBOT_PORT:-8080}", "${NODBOT_PORT:-8181}"
+    )
+    assert "README" not in written
+    checked = subprocess.run(
+        [nodbot(), "check-config", "nodbot.yml"],
+        capture_output=True,
+        text=True,
+        cwd=folder,
+        env=environment_of(folder),
+        timeout=60,
+    )
+    assert (checked.returncode, checked.stderr) == (0, "")
+    assert checked.stdout == "nodbot.yml: ok (4 rules, 1 agent)\n"

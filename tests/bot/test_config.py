@@ -509,9 +509,10 @@ def test_merge_keys_work_and_keep_lines(tmp_path: Path) -> None:
 def test_an_unknown_top_level_key_names_the_file_line_and_expected_keys(tmp_path: Path) -> None:
     problem = only_problem(tmp_path, "server: {}\nservers:\n  port: 1\n")
     assert problem == (
-        f"{tmp_path / 'nodbot.yml'}:2: servers: unknown key 'servers'; expected one of: "
+        f"{tmp_path / 'nodbot.yml'}:2: servers: unknown key 'servers'; did you mean 'server'? "
+        "(expected one of: "
         "store, server, workers, agents, framework_agents, external_tools, reviewer_groups, "
-        "people, rules, defaults, slack, email, api, web, webhooks, audit, log"
+        "people, rules, defaults, slack, email, api, web, webhooks, audit, log)"
     )
 
 
@@ -529,7 +530,8 @@ def test_an_unknown_rule_key_names_the_dotted_path(tmp_path: Path) -> None:
     )
     assert problem.startswith(
         f"{tmp_path / 'nodbot.yml'}:6: rules.1.reviewerz: unknown key 'reviewerz'; "
-        "expected one of: tool, when, decision, description, reviewers,"
+        "did you mean 'reviewers'? (expected one of: tool, when, decision, description, "
+        "reviewers,"
     )
 
 
@@ -1332,22 +1334,22 @@ def test_check_config_reports_ok(tmp_path: Path, agents_module: str) -> None:
 def test_check_config_prints_every_problem_and_fails(tmp_path: Path) -> None:
     path = write(tmp_path, "server:\n  port: x\nrules:\n  - tool: a\n    reviewerz: []\n")
     completed = run_check(path)
-    assert completed.returncode == 1
+    assert completed.returncode == 2  # a bad input
     assert completed.stdout == ""
     assert completed.stderr.splitlines() == [
         f"{path}:2: server.port: Input should be a valid integer, unable to parse string as an "
         "integer, not 'x'",
-        f"{path}:5: rules.0.reviewerz: unknown key 'reviewerz'; expected one of: tool, when, "
-        "decision, description, reviewers, post_to, allowed_decisions, editable, edit_bounds, "
-        "approvals_required, allow_self_approval, timeout, timeout_decision, escalate_after, "
-        "escalate_to, remember, remember_by",
+        f"{path}:5: rules.0.reviewerz: unknown key 'reviewerz'; did you mean 'reviewers'? "
+        "(expected one of: tool, when, decision, description, reviewers, post_to, "
+        "allowed_decisions, editable, edit_bounds, approvals_required, allow_self_approval, "
+        "timeout, timeout_decision, escalate_after, escalate_to, remember, remember_by)",
     ]
 
 
 def test_check_config_fails_on_an_agent_problem(tmp_path: Path) -> None:
     path = write(tmp_path, "agents:\n  a: no_such_module_here:agent\n")
     completed = run_check(path)
-    assert completed.returncode == 1
+    assert completed.returncode == 2  # the file names a module that is not there
     assert completed.stderr.startswith(f"{path}:2: agents.a: cannot import 'no_such_module_here'")
 
 

@@ -81,8 +81,8 @@ def test_a_run_started_from_the_shell_is_finished_by_the_bot(
 def test_unknown_agents_and_runs_are_clear_errors(tmp_path: Path) -> None:
     config_file = write_config(tmp_path)
     unknown = command(config_file, "runs", "start", "sales", "hi")
-    assert unknown.returncode == 1
+    assert unknown.returncode == 2  # a bad input: the file names no such agent
     assert "unknown agent 'sales'; configured agents: support" in unknown.stderr
     missing = command(config_file, "runs", "show", "run_nope")
-    assert missing.returncode == 1
+    assert missing.returncode == 1  # failed while running: the store has no such run
     assert "no run with id 'run_nope'" in missing.stderr

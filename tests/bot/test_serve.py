@@ -408,7 +408,7 @@ def test_the_bots_connections_send_at_once() -> None:
     """The bot's listening socket says TCP, so every connection accepted from it does, and
     asyncio turns on TCP_NODELAY for it (for no other socket): a kept-alive client's second
     request is then not held back ~40 ms by its delayed ACK."""
-    listening = _listen("127.0.0.1", 0, "nodbot.yml", given=None)
+    listening = _listen("127.0.0.1", 0, "nodbot.yml", host_from=None, port_from=None)
     try:
         client = socket.create_connection(listening.getsockname()[:2])
         accepted, _ = listening.accept()

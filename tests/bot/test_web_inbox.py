@@ -832,7 +832,7 @@ def test_nodbot_inbox_link_needs_web_secret(tmp_path: Path) -> None:
         capture_output=True,
         text=True,
     )
-    assert completed.returncode == 1
+    assert completed.returncode == 2  # the configuration lacks what the command needs
     assert completed.stdout == ""
     assert completed.stderr.startswith("nodbot: web.secret is not set")
     bad = subprocess.run(
@@ -840,7 +840,7 @@ def test_nodbot_inbox_link_needs_web_secret(tmp_path: Path) -> None:
         capture_output=True,
         text=True,
     )
-    assert bad.returncode == 1 and "not 'a b'" in bad.stderr
+    assert bad.returncode == 2 and "not 'a b'" in bad.stderr
 
 
 # --- limits ---------------------------------------------------------------------------------
