@@ -10,7 +10,12 @@ The bot logs with `logging` and `extra={...}`: those fields are the record's str
 part, top-level keys in JSON and `key=value` pairs in text. An exception is the `error`
 field, on the same line. Every secret of the configuration (API tokens, `web.secret`, Slack's
 tokens and signing secret, webhook secrets, `audit.key`, the store's password) is replaced by
-`[secret]` in every line, whoever logged it: a library's debug line can hold a header.
+`[secret]` in every line, whoever logged it: a library's debug line can hold a header. So is
+every email reply token (`approvals+[secret]@example.com`, `<nodbot.7.[secret]@...>`): it
+answers a review as its reviewer until it expires.
+
+Libraries' chatter (`CHATTY`: the SMTP transcript of the email listener, each migration of
+the store) is written at `level: debug` only.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ from urllib.parse import urlsplit
 from pydantic import BaseModel, SecretStr
 
 from nodbot.bot.config import Config, LogConfig
+from nodbot.bot.email.tokens import TOKEN_LENGTH
 
 __all__ = ["JsonFormatter", "TextFormatter", "config_secrets", "configure_logging"]
 
@@ -40,9 +46,17 @@ asks for at least 16 characters anyway)."""
 QUIET = ("aiosqlite", "asyncio", "hpack", "httpcore", "multipart", "slack_bolt", "slack_sdk")
 """Libraries whose debug lines (every SQL statement, every HTTP frame and header) stay off
 even at `level: debug`: that level is for the bot's own details."""
+CHATTY = ("alembic.runtime.migration", "mail.log")
+"""Loggers whose info lines are written at `level: debug` only: alembic's line per migration
+(the store logs one line for them all) and aiosmtpd's SMTP transcript (a line per command of
+every session, each reply address whole)."""
 HUSHED = ("alembic.runtime.plugins", "httpx")
 """Loggers kept to warnings: httpx's info line has each URL whole, query included (a
 webhook's address may hold a key), and the bot logs its deliveries itself."""
+
+_REPLY_TOKEN = re.compile(rf"(?<=[+.])[A-Za-z2-7]{{{TOKEN_LENGTH}}}(?=@)")
+"""An email reply token where the bot writes one: the +tag of a reply address, and in the
+Message-IDs it sends (`nodbot.<delivery>.<token>@`); any case, as mail servers change it."""
 
 # What every LogRecord has: anything else on a record came from `extra`.
 _STANDARD = set(logging.LogRecord("", 0, "", 0, "", (), None).__dict__) | {
@@ -82,6 +96,8 @@ class _Formatter(logging.Formatter):
         line = self.render(entry)
         for secret in self.secrets:
             line = line.replace(secret, REDACTED)
+        if "@" in line:
+            line = _REPLY_TOKEN.sub(REDACTED, line)
         return line
 
     def render(self, entry: dict[str, Any]) -> str:
@@ -143,6 +159,13 @@ class _BotHandler(logging.StreamHandler):  # type: ignore[type-arg]
     """The handler `configure_logging` installs (and replaces when called again)."""
 
 
+def _chatter_as_debug(record: logging.LogRecord) -> bool:
+    """The info lines of `CHATTY` loggers are written as the debug lines they are here."""
+    if record.levelno == logging.INFO and record.name.startswith(CHATTY):
+        record.levelno, record.levelname = logging.DEBUG, "DEBUG"
+    return True
+
+
 def configure_logging(config: LogConfig, *, secrets: Iterable[str] = ()) -> None:
     """Send every log record of the process to stderr, one line each, in the format and from
     the level of `config`, with each of `secrets` redacted. Called again, it replaces what it
@@ -159,6 +182,7 @@ def configure_logging(config: LogConfig, *, secrets: Iterable[str] = ()) -> None
     handler = _BotHandler(sys.stderr)
     formatter = JsonFormatter if config.format == "json" else TextFormatter
     handler.setFormatter(formatter(secrets))
+    handler.addFilter(_chatter_as_debug)
     root.addHandler(handler)
     level = logging.getLevelNamesMapping()[config.level.upper()]
     root.setLevel(level)
@@ -166,6 +190,10 @@ def configure_logging(config: LogConfig, *, secrets: Iterable[str] = ()) -> None
         logging.getLogger(name).setLevel(max(level, logging.INFO))
     for name in HUSHED:
         logging.getLogger(name).setLevel(max(level, logging.WARNING))
+    for name in CHATTY:
+        logging.getLogger(name).setLevel(
+            logging.DEBUG if level <= logging.DEBUG else logging.WARNING
+        )
 
 
 def config_secrets(config: Config) -> list[str]:

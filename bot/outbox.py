@@ -477,8 +477,26 @@ class Dispatcher:
 
 
 def _log_opened(record: ApprovalRecord) -> None:
-    """Logged when the review is first announced: once per review, whichever process made it."""
-    request = record.request
+    """Logged when the review is first announced: once per review, whichever process made it.
+    A call the bot decided as it was asked (a rule's `decision`, recorded for a caller that
+    runs the tool itself: `POST /approvals`, a hosted agent) opened no review: its line is the
+    decision, as a reviewer's is."""
+    request, decision = record.request, record.decision
+    if decision is not None and (decision.decided_by or "").startswith(BOT_DECIDES):
+        action = "deny" if not decision.approved else "edit" if decision.edited_args else "approve"
+        log.info(
+            "decision",
+            extra={
+                "approval_id": record.approval_id,
+                "run_id": request.run_id,
+                "tool": request.tool,
+                "call_id": request.call_id,
+                "action": action,
+                "decided_by": decision.decided_by,
+                "channel": "rules",
+            },
+        )
+        return
     log.info(
         "review opened",
         extra={
@@ -489,6 +507,10 @@ def _log_opened(record: ApprovalRecord) -> None:
             "reviewers": request.policy.get("reviewers"),
         },
     )
+
+
+BOT_DECIDES = ("nodbot:rules.", "nodbot:no-rule")
+"""The `decided_by` of the decisions the rules make as a call is asked about."""
 
 
 def _delivery_fields(delivery: Delivery) -> dict[str, Any]:

@@ -2,7 +2,8 @@
 
 The path is logged without its query string, and no header is: a sign-in link carries its
 token in the query (`/inbox/login?token=...`), and requests carry bearer tokens and session
-cookies in their headers.
+cookies in their headers. Probes (`/healthz`, `/readyz`, `/metrics`, asked every few seconds by
+an orchestrator or a scraper) are logged at debug, unless they fail with a 5xx.
 """
 
 from __future__ import annotations
@@ -15,6 +16,9 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 __all__ = ["AccessLog"]
 
 log = logging.getLogger(__name__)
+
+PROBES = frozenset({"/healthz", "/readyz", "/metrics"})
+"""Paths asked by machines every few seconds: their lines are debug ones."""
 
 
 class AccessLog:
@@ -41,7 +45,9 @@ class AccessLog:
         try:
             await self.app(scope, receive, watched)
         finally:
-            log.info(
+            quiet = scope["path"] in PROBES and status < 500
+            log.log(
+                logging.DEBUG if quiet else logging.INFO,
                 "request",
                 extra={
                     "method": scope["method"],

@@ -138,7 +138,22 @@ class RulesPort(DeferredApproval):
         if ruled.decision is None:
             return await super().request(ruled.request)
         if ruled.evidence is None:
-            return Decided(ruled.decision)
+            # Recorded nowhere else (the outbox logs the decisions it records); a call that
+            # needs no review is not one: the run's step says it ran.
+            decision = ruled.decision
+            if not (decision.decided_by == NO_RULE and decision.approved):
+                log.info(
+                    "decision",
+                    extra={
+                        "run_id": request.run_id,
+                        "tool": request.tool,
+                        "call_id": request.call_id,
+                        "action": "approve" if decision.approved else "deny",
+                        "decided_by": decision.decided_by,
+                        "channel": "rules",
+                    },
+                )
+            return Decided(decision)
         # Remembered: recorded as a review of its own, decided at once, then taken.
         record = await self.store.create(ruled.request)
         if record.decision is None:

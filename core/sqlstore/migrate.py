@@ -8,6 +8,7 @@ revision this nodbot does not know (written by a newer nodbot) is always refused
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -22,6 +23,8 @@ if TYPE_CHECKING:
     from alembic.config import Config
 
 __all__ = ["MIGRATE_COMMAND", "ensure_schema", "head_revision"]
+
+log = logging.getLogger(__name__)
 
 MIGRATIONS = Path(__file__).with_name("migrations")
 MIGRATE_COMMAND = "nodbot migrate --store URL"
@@ -81,6 +84,8 @@ def _check_and_upgrade(
     head = scripts.get_current_head()
     current = MigrationContext.configure(connection).get_current_revision()
     if current == head:
+        # One line at each start, whatever alembic says (its lines are debug ones).
+        log.info("store up to date at revision %s", head, extra={"store": shown_url})
         return
     if current is not None:
         try:
@@ -100,3 +105,11 @@ def _check_and_upgrade(
             url=shown_url,
         )
     command.upgrade(config, "head")
+    applied = len(list(scripts.iterate_revisions(head, current or "base")))
+    log.info(
+        "store migrated to revision %s (%d migration%s applied)",
+        head,
+        applied,
+        "" if applied == 1 else "s",
+        extra={"store": shown_url, "from_revision": current},
+    )
