@@ -3,10 +3,11 @@
 #   docker build -t nodbot .
 #   docker run --rm -p 8080:8080 --env-file nodbot.env \
 #       -v "$PWD/nodbot.yml:/etc/nodbot/nodbot.yml:ro" nodbot
-# The first stage builds nodbot's wheel and the wheels of its dependencies; the second
-# installs them, without reaching an index, into a virtual environment and runs the bot as
-# an unprivileged user. No configuration or secret is in the image: the configuration is
-# mounted at /etc/nodbot/nodbot.yml, the secrets come from the environment (${VAR} in it).
+# The first stage downloads the versions uv.lock pins for nodbot and its `bot` extra, checked
+# against the lock's hashes, and builds nodbot's wheel; the second installs them, without
+# reaching an index, into a virtual environment and runs the bot as an unprivileged user. No
+# configuration or secret is in the image: the configuration is mounted at
+# /etc/nodbot/nodbot.yml, the secrets come from the environment (${VAR} in it).
 
 # A tag names the Python minor version and the Debian release; pin a digest
 # (python:3.11-slim-trixie@sha256:...) for byte-identical rebuilds.
@@ -15,8 +16,16 @@ FROM python:3.11-slim-trixie AS build
 ENV PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PIP_NO_CACHE_DIR=1
 WORKDIR /src
+# uv only reads the lock (the version the Makefile uses); pip downloads and checks.
+RUN pip install --no-cache-dir uv==0.13.9
 COPY . .
-RUN pip wheel --no-cache-dir --wheel-dir /wheels .
+# --locked: a lock older than pyproject.toml fails the build instead of being ignored.
+RUN mkdir -p /wheels \
+    && uv export --locked --extra bot --no-emit-project --format requirements-txt \
+        --output-file /wheels/requirements.txt \
+    && pip wheel --no-cache-dir --require-hashes --wheel-dir /wheels \
+        --requirement /wheels/requirements.txt \
+    && pip wheel --no-cache-dir --no-deps --wheel-dir /wheels .
 
 
 FROM python:3.11-slim-trixie
@@ -31,6 +40,8 @@ ENV PIP_DISABLE_PIP_VERSION_CHECK=1 \
 RUN --mount=type=bind,from=build,source=/wheels,target=/wheels \
     python -m venv /opt/nodbot/venv \
     && /opt/nodbot/venv/bin/pip install --no-cache-dir --no-index --find-links /wheels \
+        --require-hashes --requirement /wheels/requirements.txt \
+    && /opt/nodbot/venv/bin/pip install --no-cache-dir --no-index --no-deps \
         /wheels/nodbot-*.whl \
     && groupadd --system --gid 10001 nodbot \
     && useradd --system --uid 10001 --gid nodbot --home-dir /var/lib/nodbot \

@@ -1,8 +1,10 @@
 """nodbot: a person between an AI agent's risky tool call and its effect.
 
 The engine is `nodbot.core` (tools, rules, decisions, stores, the executor and the tool
-loop), the bot `nodbot.bot` (configuration, the HTTP API, the inbox, Slack, `nodbot serve`).
-The engine's public names are here too: `from nodbot import Executor`.
+loop, the approval client and the bridges), the bot `nodbot.bot` (configuration, the HTTP
+API, the inbox, Slack, email, `nodbot serve`). `pip install nodbot` brings what the engine
+imports; the bot's packages come with its extra, `pip install 'nodbot[bot]'`. The engine's
+public names are here too: `from nodbot import Executor`.
 
 In the repository, `nodbot/core` and `nodbot/bot` are links to the top-level `core/` and
 `bot/` folders; an installed wheel holds them as plain folders under `nodbot/`, so nodbot

@@ -249,7 +249,7 @@ def test_deploy_config_without_its_variables_is_refused() -> None:
     completed = subprocess.run(
         [nodbot(), "check-config", str(CONFIG)], env=environment, capture_output=True, text=True
     )
-    assert completed.returncode == 1
+    assert completed.returncode == 2  # a bad input: the configuration, with what it lacks
     for name in env_example():
         if name != "POSTGRES_PASSWORD":  # read by PostgreSQL, not by nodbot.yml
             assert name in completed.stderr

@@ -6,6 +6,7 @@ Each page's screenshot is written to the test's folder, for a person to look at.
 
 from __future__ import annotations
 
+import os
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -14,7 +15,16 @@ import pytest
 from tests.bot.test_web_inbox import CAROL, LEAD, SLACK_LEAD, Inbox, decide, served_inbox
 from tests.fakes.browser import Browser, Page, chromium, chromium_missing
 
-pytestmark = pytest.mark.skipif(chromium_missing() is not None, reason=str(chromium_missing()))
+
+@pytest.fixture(autouse=True)
+def _needs_chromium() -> None:
+    """Skips without Chromium, except under CI (which installs it), where that fails."""
+    missing = chromium_missing()
+    if missing is not None:
+        if os.environ.get("CI"):
+            pytest.fail(f"CI is set but {missing}")
+        pytest.skip(missing)
+
 
 PHONE = 390
 """CSS pixels: the width of a common phone held upright."""
