@@ -1,5 +1,5 @@
 # syntax=docker/dockerfile:1
-# nodbot's image (README, "Deployment"):
+# nodbot's image (docs/operations.md, "Deployment"):
 #   docker build -t nodbot .
 #   docker run --rm -p 8080:8080 --env-file nodbot.env \
 #       -v "$PWD/nodbot.yml:/etc/nodbot/nodbot.yml:ro" nodbot
