@@ -24,7 +24,7 @@ import socket
 import weakref
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from nodbot.bot.config import Config
 from nodbot.bot.hosted import HostedRuns
@@ -61,6 +61,15 @@ started at once, not after the slowest of them."""
 
 class BotStore(OutboxStore, RunStore, Protocol):
     """A store of approvals, their outbox and runs (`SqlApprovalStore`)."""
+
+
+@runtime_checkable
+class MakesDue(Protocol):
+    """A channel that may learn that some of its deliveries can go now, sooner than their
+    retry (Slack: the bot was invited to a channel that refused its posts): it makes them due
+    in the store, then calls `wake_outbox`, which the service sets."""
+
+    wake_outbox: Callable[[], None] | None
 
 
 class RunChange(asyncio.Event):
@@ -212,6 +221,9 @@ class BotService:
         self.dispatcher = Dispatcher(
             store, channels, worker=self.worker, lease=60.0, counters=self.counters
         )
+        for channel in channels:
+            if isinstance(channel, MakesDue):
+                channel.wake_outbox = self.deliveries_due
         # Runs whose step this worker could not save for a database reason, and finished
         # runs whose answer it could not hand to the outbox: tried again at the next step.
         # Their claim is this worker's until its lease runs out, so nobody else would.
@@ -419,6 +431,13 @@ class BotService:
         if self.dispatcher.tells_outcomes:
             self._outbox_wake.set()
         self._decided()
+
+    def deliveries_due(self) -> None:
+        """Tell the outbox's lane that a channel made deliveries due now (Slack: the bot was
+        invited to a channel that refused its posts): it claims them at once, instead of at
+        its next look (`workers.poll`)."""
+        self.dispatcher.due_now()
+        self._outbox_wake.set()
 
     def _decided(self) -> None:
         self._decisions.set()

@@ -194,6 +194,14 @@ class Outbox(Protocol):
         `DeliveryLost` as `delivered` does."""
         ...
 
+    async def retry_deliveries_now(self, targets: Collection[str]) -> int:
+        """Make the deliveries to `targets` that failed and wait for their next attempt due
+        now, for the next claim to take: a channel has learnt that what stopped them is
+        fixed (Slack: the bot was invited to the channel that refused its post). Deliveries
+        never tried (due later, such as an escalation), claimed ones (their lease still
+        runs), sent ones and given up ones are left as they are. Returns how many changed."""
+        ...
+
     async def deliveries(self, approval_id: str) -> list[Delivery]:
         """The deliveries of one review, in the order they were made."""
         ...

@@ -32,15 +32,17 @@ after it posted, is updated once the review is decided.
 A `post_to` channel that the bot has not been invited to refuses the post (`not_in_channel`,
 or `channel_not_found` for a private one). The warning, and the delivery's error, name the
 channel and the two fixes (`/invite @nodbot` there, or the `chat:write.public` scope), and
-the post is tried again on the outbox's backoff (at most five minutes apart) while the review
-is pending: it appears soon after the bot is invited, once (a retry reads the channel's
-history first). A review decided meanwhile is given up there.
+the post is tried again while the review is pending: at once when Slack tells the bot it
+joined the channel (`member_joined_channel`: `joined`), else on the outbox's backoff (at
+most five minutes apart). Either way it is posted once (a retry reads the channel's history
+first). A review decided meanwhile is given up there, also when the bot has been invited
+since.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -174,8 +176,11 @@ class SlackChannel:
         self.registry = registry
         self.client = client or slack_client(config, session=session)
         self.directory = Directory(self.client, ttl=config.cache_ttl)
-        self._name: str | None = None
-        """The bot user's name, once `auth.test` said it."""
+        self.wake_outbox: Callable[[], None] | None = None
+        """Tells the outbox that deliveries were made due now (`joined`): set by the bot's
+        service to wake the outbox's lane, which then claims them."""
+        self._me: tuple[str | None, str | None] | None = None
+        """The bot user's name and id, once `auth.test` said them."""
 
     # --- what to deliver ---------------------------------------------------------------------
 
@@ -244,6 +249,15 @@ class SlackChannel:
         # Posted by an earlier attempt: its thread reply may be there too.
         earlier = message is not None
         if message is None:
+            refused = _refused_before(delivery) if kind == "channel" else None
+            if refused is not None and record.decision is not None:
+                # Not posted (the history says so): the bot may be in the channel by now, but
+                # the review is decided, so it is not posted there after all.
+                raise DeliveryError(
+                    f"review {record.approval_id} was decided before it could be posted to "
+                    f"channel {channel}, which refused it ({refused}): given up there",
+                    permanent=True,
+                )
             await progress.begin()
             try:
                 posted = await self.client.chat_postMessage(
@@ -306,15 +320,51 @@ class SlackChannel:
         log.warning(message)
         return DeliveryError(message)
 
+    async def joined(self, channel: str) -> int:
+        """The bot has joined `channel` (an id; Slack's `member_joined_channel`): the posts
+        waiting for it, refused before the bot was invited, are made due now (by id, and by
+        `#name` when Slack says the name) and the outbox is woken, so that they are posted at
+        once instead of at their next retry. How many were waiting. Raises `StoreError`."""
+        targets = [f"{self.name}:channel:{channel}"]
+        try:
+            name = await self.directory.channel_name(channel)
+        except (SlackApiError, ClientError, TimeoutError) as exc:
+            error = exc.response.get("error") if isinstance(exc, SlackApiError) else exc
+            log.warning(
+                "could not learn the name of channel %s (%s): reviews posted to it by #name "
+                "wait for their next retry",
+                channel,
+                error,
+            )
+            name = None
+        if name is not None:
+            targets.append(f"{self.name}:channel:#{name.lower()}")
+        waiting = await self.store.retry_deliveries_now(targets)
+        if waiting and self.wake_outbox is not None:
+            self.wake_outbox()
+        return waiting
+
+    async def bot_user_id(self) -> str | None:
+        """The bot's user id (asked of Slack once); None while Slack cannot say."""
+        return (await self._identity())[1]
+
     async def _bot_name(self) -> str:
         """The bot's user name, as `/invite @name` wants it (asked of Slack once)."""
-        if self._name is None:
+        return (await self._identity())[0] or "<the app's bot user>"
+
+    async def _identity(self) -> tuple[str | None, str | None]:
+        """The bot user's name and id, as `auth.test` says them (asked again while it fails)."""
+        if self._me is None:
             try:
                 found = await self.client.auth_test()
-                self._name = str(found.get("user") or "") or None
             except (SlackApiError, ClientError, TimeoutError) as exc:
-                log.debug("auth.test failed, the bot's name is not known: %s", exc)
-        return self._name or "<the app's bot user>"
+                log.debug("auth.test failed, the bot's name and id are not known: %s", exc)
+                return None, None
+            self._me = (
+                str(found.get("user") or "") or None,
+                str(found.get("user_id") or "") or None,
+            )
+        return self._me
 
     async def _earlier(
         self, progress: Progress, record: ApprovalRecord, channel: str
@@ -486,6 +536,15 @@ def _replies_ref(replies: Mapping[tuple[str, str], str]) -> list[dict[str, str]]
         {"channel": channel, "thread_ts": thread, "ts": ts}
         for (channel, thread), ts in replies.items()
     ]
+
+
+def _refused_before(delivery: Delivery) -> str | None:
+    """Slack's answer (`not_in_channel`, `channel_not_found`) when the delivery's last attempt
+    was refused because the bot was not in the channel (`_not_invited` puts it in the error)."""
+    for error in sorted(NOT_INVITED):
+        if delivery.error is not None and f"({error})" in delivery.error:
+            return error
+    return None
 
 
 def _unchecked(exc: Unreadable, record: ApprovalRecord) -> None:

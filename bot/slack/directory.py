@@ -1,5 +1,6 @@
 """Who is who in Slack, asked of the Web API and kept for a while: the members of user groups
-and channels, users by email address and the email address of a user."""
+and channels, the names of channels, users by email address and the email address of a
+user."""
 
 from __future__ import annotations
 
@@ -57,6 +58,18 @@ class Directory:
                     return members
 
         return await self._cached(("channel", channel), ask)
+
+    async def channel_name(self, channel: str) -> str | None:
+        """The name (without `#`) of a channel given by id; None for a conversation without
+        one (a direct message). Raises `SlackApiError` (`channel_not_found` for a private
+        channel the bot is not in)."""
+
+        async def ask() -> str | None:
+            answer = await self.client.conversations_info(channel=channel)
+            name = (answer.get("channel") or {}).get("name")
+            return str(name) if name else None
+
+        return await self._cached(("channel name", channel), ask)
 
     async def user_by_email(self, email: str) -> str:
         """The user id of an email address. Raises `SlackApiError` (`users_not_found`)."""

@@ -18,6 +18,9 @@ caller sent), with `decided_by` the Slack user id, the person and the click's ev
 channel `slack`; the workers are woken, the run goes on, and the outbox updates the
 messages. "Approve & remember" approves the same way, then remembers the approval
 (`bot.remember`); a click of it on a review whose rule remembers nothing decides nothing.
+
+One event is listened to, `member_joined_channel`: when the bot is invited to a channel that
+refused its posts (`not_in_channel`), they are tried again at once (`SlackChannel.joined`).
 """
 
 from __future__ import annotations
@@ -113,6 +116,7 @@ class SlackReviews:
         self.app.action(ACTION_DENY)(self._deny)
         self.app.view(EDIT_CALLBACK)(self._edit_submitted)
         self.app.view(DENY_CALLBACK)(self._deny_submitted)
+        self.app.event("member_joined_channel")(self._joined)
         self.counters: dict[str, int] = {"decisions": 0}
 
     # --- buttons ------------------------------------------------------------------------------
@@ -251,6 +255,28 @@ class SlackReviews:
         verdict = await self._allowed(click, record, decision)
         if verdict is not None:
             await self._decide(click, record, decision, verdict)
+
+    # --- events -------------------------------------------------------------------------------
+
+    async def _joined(self, event: dict[str, Any]) -> None:
+        """Someone joined a channel the bot is in (Bolt acks the event): when it is the bot
+        itself, invited to a channel, the posts that channel refused are tried now."""
+        user, channel = str(event.get("user") or ""), str(event.get("channel") or "")
+        bot = await self.channel.bot_user_id()
+        if not channel or bot is None or user != bot:
+            log.debug("%s joined %s: not the bot (%s), nothing to do", user, channel, bot)
+            return
+        try:
+            waiting = await self.channel.joined(channel)
+        except StoreError as exc:
+            log.warning(
+                "the bot joined %s, but the posts waiting for it could not be made due now "
+                "(%s): they are tried at their next retry",
+                channel,
+                exc,
+            )
+            return
+        log.info("the bot joined %s: %d post(s) waiting for it tried now", channel, waiting)
 
     # --- shared -------------------------------------------------------------------------------
 

@@ -683,6 +683,11 @@ class Backend(Protocol):
         """Replace the ref (JSON) of a delivery `worker` holds, leaving it due and claimed."""
         ...
 
+    async def retry_deliveries_now(self, targets: list[str], at: datetime) -> int:
+        """Set `due_at` to `at` on the deliveries to `targets` that are due after `at`
+        having failed before (`attempts` > 0) and that nobody holds; how many."""
+        ...
+
     async def delivery_rows(self, approval_id: str) -> list[Row]:
         """The deliveries of one review, in the order they were made."""
         ...

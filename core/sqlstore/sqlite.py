@@ -322,6 +322,12 @@ _SETTLE_DELIVERY = (
     f"WHERE seq = ? AND claimed_by = ? AND status = 'due' RETURNING {DELIVERY_COLUMNS}"
 )
 _SELECT_DELIVERY = f"SELECT {DELIVERY_COLUMNS} FROM deliveries WHERE seq = ?"
+# Failed deliveries waiting for their next attempt made due now (`Outbox.retry_deliveries_now`).
+_RETRY_NOW = (
+    "UPDATE deliveries SET due_at = ? WHERE status = 'due' AND due_at > ? AND attempts > 0"
+    "  AND (lease_until IS NULL OR lease_until <= ?)"
+    "  AND target IN (SELECT value FROM json_each(?))"
+)
 # The progress of a delivery still held: its ref, and nothing else.
 _DELIVERY_PROGRESS = (
     "UPDATE deliveries SET ref = ? WHERE seq = ? AND claimed_by = ? AND status = 'due' "
@@ -1231,6 +1237,11 @@ class SqliteBackend:
             return Change(None, _delivery_row(existing))
 
         return await self._transaction(work)
+
+    async def retry_deliveries_now(self, targets: list[str], at: datetime) -> int:
+        now = _text(at)
+        parameters = (now, now, now, json.dumps(targets))
+        return await self._transaction(lambda db: db.execute(_RETRY_NOW, parameters).rowcount)
 
     async def delivery_rows(self, approval_id: str) -> list[Row]:
         query = f"SELECT {DELIVERY_COLUMNS} FROM deliveries WHERE approval_id = ? ORDER BY seq"

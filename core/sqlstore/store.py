@@ -8,7 +8,7 @@ database. Refused attempts are committed to the events table before the error is
 The schema is described with SQLAlchemy and created by Alembic migrations; the operations
 themselves go straight to the drivers (`sqlite.py`, `postgres.py`), because they are the hot
 path of every approval and the async SQLAlchemy adapters cost 10 to 50 times more than the
-database work (see README, Benchmarks).
+database work (see docs/benchmarks.md).
 """
 
 from __future__ import annotations
@@ -873,6 +873,14 @@ class SqlApprovalStore:
         if change.changed is None:
             raise _lost(delivery_id, worker, change.existing)
         return _delivery(change.changed)
+
+    async def retry_deliveries_now(self, targets: Collection[str]) -> int:
+        wanted = sorted(set(targets))
+        if not wanted:
+            return 0
+        backend = await self._ready()
+        with self._errors():
+            return await backend.retry_deliveries_now(wanted, self._clock())
 
     async def deliveries(self, approval_id: str) -> _Deliveries:
         await self._undraft(approval_id=approval_id)

@@ -515,6 +515,7 @@ SCOPES = {
     "users.lookupByEmail": "users:read.email",
     "usergroups.users.list": "usergroups:read",
     "conversations.members": "channels:read",
+    "conversations.info": "channels:read",  # a joined channel's name (member_joined_channel)
     "conversations.history": "channels:history",  # and groups:, im:, mpim:history by kind
     "conversations.replies": "channels:history",
     "views.open": None,
@@ -528,6 +529,9 @@ async def test_the_manifest_grants_what_the_bot_calls_and_no_more(
     manifest = yaml.safe_load((ROOT / "manifest.yml").read_text())
     granted = set(manifest["oauth_config"]["scopes"]["bot"])
     assert manifest["settings"]["interactivity"]["request_url"].endswith("/slack/events")
+    events = manifest["settings"]["event_subscriptions"]
+    assert events["request_url"].endswith("/slack/events")
+    assert events["bot_events"] == ["member_joined_channel"]  # and no scope more for it
     async with slack_bot(tmp_path, monkeypatch, room=True) as bot:
         await others_are_told_no(bot)
         called = {call.method for call in bot.slack.calls}

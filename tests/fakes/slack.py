@@ -15,7 +15,9 @@ and fails on demand.
 
 The module also builds interactive payloads as Slack sends them and signs requests with a
 signing secret (`signed_headers`, `block_actions_payload`, `view_submission_payload`,
-`send_interactive`).
+`send_interactive`). Events API events go to the app as Slack sends them (`send_event`):
+signed JSON to its `events_url`, or over its Socket Mode connection; `invite` sends
+`member_joined_channel` so.
 """
 
 from __future__ import annotations
@@ -360,6 +362,23 @@ class Failure:
         if spec == 503:
             return cls(503, "service_unavailable")
         return cls(spec, "internal_error")
+
+
+@dataclass
+class EventSent:
+    """An Events API event the fake sent to the app (`send_event`), and the app's answer."""
+
+    body: JSON
+    """The `event_callback` envelope: `body["event"]` is the event."""
+    via: Literal["http", "socket"]
+    status: int | None = None
+    """The HTTP status the app answered with (over HTTP), once it answered."""
+    ack: JSON | None = None
+    """The app's ack (over Socket Mode), once it acked."""
+
+    @property
+    def answered(self) -> bool:
+        return self.status is not None or self.ack is not None
 
 
 @dataclass
@@ -997,6 +1016,12 @@ class SlackFake:
         self._rate_methods: frozenset[str] | None = None
         self._rate_count = 0
 
+        # Where Slack sends the app's events (its Event Subscriptions' Request URL); None:
+        # over Socket Mode while the app has a connection open, else nowhere.
+        self.events_url: str | None = None
+        self.events: list[EventSent] = []  # every event sent to the app
+        self._sending: set[asyncio.Task[EventSent]] = set()
+
         self._tickets: dict[str, bool] = {}  # ticket -> used
         self.socket_connections: list[SocketConnection] = []
         self.socket_messages: list[JSON] = []  # every message an app sent over Socket Mode
@@ -1022,6 +1047,7 @@ class SlackFake:
             "views.update": ("bot", self._views_update),
             "conversations.open": ("bot", self._conversations_open),
             "conversations.members": ("bot", self._conversations_members),
+            "conversations.info": ("bot", self._conversations_info),
             "usergroups.users.list": ("bot", self._usergroups_users_list),
             "users.lookupByEmail": ("bot", self._users_lookup_by_email),
             "users.info": ("bot", self._users_info),
@@ -1097,14 +1123,30 @@ class SlackFake:
         self.channels[channel.id] = channel
         return channel
 
-    def invite(self, channel: Channel | str, user: User | str | None = None) -> None:
+    def invite(
+        self,
+        channel: Channel | str,
+        user: User | str | None = None,
+        *,
+        inviter: User | str | None = None,
+    ) -> None:
         """Add `user` (by default the bot: `/invite @nodbot` in the channel) to `channel`'s
-        members: from now on the bot may post there and read its history."""
+        members: from now on the bot may post there and read its history. As Slack does,
+        the app is then sent `member_joined_channel` when the bot is a member of the channel
+        (it joined, or another joined a channel it is in) and the app can be reached
+        (`send_event`): in a task of its own, which `events_answered` waits for."""
         found = self.channels[channel.id if isinstance(channel, Channel) else channel]
         member = _user_id(user) if user is not None else self.bot_user.id
-        if member not in found.members:
-            found.members.append(member)
+        if member in found.members:
+            return
+        found.members.append(member)
         self._touch()
+        reachable = self.events_url is not None or bool(self.open_sockets)
+        if self.bot_user.id in found.members and reachable:
+            event = self.member_joined_event(found, member, inviter=inviter)
+            task = asyncio.get_running_loop().create_task(self.send_event(event))
+            self._sending.add(task)
+            task.add_done_callback(self._sending.discard)
 
     def add_usergroup(
         self, handle: str, members: Iterable[User | str] = (), name: str | None = None
@@ -1244,6 +1286,88 @@ class SlackFake:
             lambda: len(self.calls_to(method)) >= count, within, f"{count} {method} call(s)"
         )
         return self.calls_to(method)
+
+    # -- the Events API ----------------------------------------------------------------------
+
+    def member_joined_event(
+        self, channel: Channel | str, user: User | str, *, inviter: User | str | None = None
+    ) -> JSON:
+        """The `member_joined_channel` event of `user` joining `channel`."""
+        found = self.channels[channel.id if isinstance(channel, Channel) else channel]
+        event: JSON = {
+            "type": "member_joined_channel",
+            "user": _user_id(user),
+            "channel": found.id,
+            "channel_type": "G" if found.is_private else "C",
+            "team": self.team_id,
+            "event_ts": self.new_ts(),
+        }
+        if inviter is not None:
+            event["inviter"] = _user_id(inviter)
+        return event
+
+    def event_callback(self, event: JSON) -> JSON:
+        """The envelope Slack sends an event to an app in (over HTTP, or as the payload of a
+        Socket Mode `events_api` envelope)."""
+        return {
+            "token": VERIFICATION_TOKEN,
+            "team_id": self.team_id,
+            "api_app_id": self.app_id,
+            "event": event,
+            "type": "event_callback",
+            "event_id": "Ev" + self.new_id("E")[1:],
+            "event_time": int(time.time()),
+            "authorizations": [
+                {
+                    "enterprise_id": None,
+                    "team_id": self.team_id,
+                    "user_id": self.bot_user.id,
+                    "is_bot": True,
+                    "is_enterprise_install": False,
+                }
+            ],
+            "is_ext_shared_channel": False,
+        }
+
+    async def send_event(self, event: JSON, *, within: float = 5.0) -> EventSent:
+        """Send `event` to the app as Slack does: POSTed as signed JSON to `events_url` when
+        it is set, else over the app's Socket Mode connection; kept in `events` with the
+        app's answer. Raises AssertionError when the app cannot be reached, or does not
+        answer within `within` seconds (Slack waits 3)."""
+        body = self.event_callback(event)
+        if self.events_url is None and not self.open_sockets:
+            raise AssertionError("the app is not reachable: no events_url, no Socket Mode")
+        sent = EventSent(body, "http" if self.events_url is not None else "socket")
+        self.events.append(sent)
+        if self.events_url is not None:
+            raw = json.dumps(body, separators=(",", ":")).encode()
+            headers = {
+                "Content-Type": "application/json",
+                "User-Agent": "Slackbot 1.0 (+https://api.slack.com/robots)",
+                **signed_headers(self.signing_secret, raw),
+            }
+            async with httpx.AsyncClient(timeout=within) as client:
+                answer = await client.post(self.events_url, content=raw, headers=headers)
+            sent.status = answer.status_code
+        else:
+            sent.ack = await self.socket_send("events_api", body, within=within)
+        self._touch()
+        return sent
+
+    async def events_answered(self, count: int, within: float = 5.0) -> list[EventSent]:
+        """Until `count` events were sent and answered; returns every event sent."""
+        await self.wait_until(
+            lambda: sum(e.answered for e in self.events) >= count,
+            within,
+            f"{count} event(s) answered by the app",
+        )
+        return list(self.events)
+
+    async def _drain_events(self) -> None:
+        """Stop sending events still under way (the test is over)."""
+        for task in list(self._sending):
+            task.cancel()
+        await asyncio.gather(*self._sending, return_exceptions=True)
 
     def _touch(self) -> None:
         self._changed.set()
@@ -1723,6 +1847,17 @@ class SlackFake:
             answer.update({"no_op": True, "already_open": True})
         return answer
 
+    def _conversations_info(self, params: JSON) -> JSON:
+        """A channel by id; a private one only to a member (else hidden, as Slack hides it)."""
+        channel_id = _text(params, "channel")
+        if channel_id is None or channel_id not in self.channels:
+            raise Refusal("channel_not_found")
+        channel = self.channels[channel_id]
+        private = channel.is_private or channel.is_mpim or channel.is_im
+        if private and not channel.is_im and self.bot_user.id not in channel.members:
+            raise Refusal("channel_not_found")
+        return {"channel": channel.to_api()}
+
     def _conversations_members(self, params: JSON) -> JSON:
         channel_id = _text(params, "channel")
         if channel_id is None or channel_id not in self.channels:
@@ -1952,6 +2087,7 @@ async def slack_fake(**options: Any) -> AsyncIterator[SlackFake]:
         yield fake
     finally:
         fake.release()  # held answers, so that the server can stop
+        await fake._drain_events()
         await fake.close_sockets()
         server.should_exit = True
         await task

@@ -370,3 +370,60 @@ async def test_asking_for_work_when_there_is_none_takes_no_write_lock(tmp_path: 
         finally:
             holder.execute("ROLLBACK")
             holder.close()
+
+
+async def test_deliveries_waiting_to_be_tried_again_are_made_due_now(
+    store: SqlApprovalStore, clock: Clock
+) -> None:
+    """What a channel learns can be delivered now (Slack: the bot was invited to a channel
+    that refused its post) is tried at the outbox's next claim instead of after the rest of
+    its backoff: the deliveries to those targets that failed and wait for their next
+    attempt, and only those. Nothing else changes: one due later that was never tried (an
+    escalation), one claimed now (its worker may be sending it), one sent, one given up,
+    one to another target."""
+    room, by_name = "slack:channel:C0000000001", "slack:channel:#refunds"
+    names = ("waiting", "named", "held", "sent", "gone", "elsewhere", "later")
+    ids = {name: (await store.create(request(f"call_{name}"))).approval_id for name in names}
+    targets = {"named": by_name, "elsewhere": "slack:channel:#other"}
+    for name in names[:-1]:
+        await store.announce(
+            ids[name], "request", [NewDelivery("request", targets.get(name, room))]
+        )
+    ten = clock.now + timedelta(minutes=10)
+    await store.announce(ids["later"], "request", [NewDelivery("escalation", room, due_at=ten)])
+    made = {d.approval_id: d for d in await store.claim_deliveries(worker="w1", lease=30)}
+    assert len(made) == 6
+    five = clock.now + timedelta(minutes=5)
+    for name, retry_at in [("waiting", five), ("named", five), ("elsewhere", five)]:
+        await store.delivery_failed(
+            made[ids[name]].delivery_id, worker="w1", error="not_in_channel", retry_at=retry_at
+        )
+    await store.delivery_failed(
+        made[ids["held"]].delivery_id, worker="w1", error="HTTP 503", retry_at=clock.now
+    )
+    await store.delivered(made[ids["sent"]].delivery_id, worker="w1")
+    await store.delivery_failed(
+        made[ids["gone"]].delivery_id, worker="w1", error="is_archived", retry_at=None
+    )
+    clock.advance(1)
+    [held] = await store.claim_deliveries(worker="w2", lease=30)  # tried again now: held by w2
+    assert held.approval_id == ids["held"]
+
+    async def state() -> dict[str, tuple[object, ...]]:
+        found = {}
+        for name in names:
+            [d] = await store.deliveries(ids[name])
+            found[name] = (d.status, d.attempts, d.due_at, d.claimed_by, d.lease_until, d.error)
+        return found
+
+    before = await state()
+    assert await store.retry_deliveries_now([room, by_name]) == 2
+    after = await state()
+    assert {name for name in names if after[name] != before[name]} == {"waiting", "named"}
+    for name in ("waiting", "named"):  # due now, as they were otherwise
+        assert after[name] == ("due", 1, clock.now, None, None, "not_in_channel")
+    claimed = await store.claim_deliveries(worker="w3", lease=30)
+    assert {d.approval_id for d in claimed} == {ids["waiting"], ids["named"]}
+    # Claimed now, they are not made due again (nor is anything else): nothing to do.
+    assert await store.retry_deliveries_now([room, by_name]) == 0
+    assert await store.retry_deliveries_now([]) == 0
