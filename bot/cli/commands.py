@@ -21,6 +21,7 @@ from nodbot.bot.cli.audit import (
     run_audit_command,
 )
 from nodbot.bot.cli.init import InitError, add_init_command, run_init_command
+from nodbot.bot.cli.rules import add_rules_commands, run_rules_command
 from nodbot.bot.cli.runs import add_runs_commands, run_runs_command
 from nodbot.bot.cli.sessions import add_sessions_commands, run_sessions_command
 from nodbot.bot.config import ConfigError, load_config, trust_warnings
@@ -150,6 +151,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_approvals_commands(commands)
     add_runs_commands(commands)
+    add_rules_commands(commands)
     add_audit_commands(commands)
     add_sessions_commands(commands)
     add_init_command(commands)
@@ -400,6 +402,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(asyncio.run(run_approvals_command(arguments)))
         elif arguments.command == "runs":
             print(asyncio.run(run_runs_command(arguments)))
+        elif arguments.command == "rules":
+            return asyncio.run(run_rules_command(arguments))
         elif arguments.command == "init":
             print(run_init_command(arguments))
         elif arguments.command == "sessions":
