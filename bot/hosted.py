@@ -26,6 +26,7 @@ from collections.abc import Sequence
 from dataclasses import asdict
 from typing import Any
 
+from nodbot.bot.metrics import METRICS
 from nodbot.bot.policy.rules import RulesPort
 from nodbot.core import (
     ApprovalAlreadyConsumed,
@@ -130,6 +131,7 @@ class HostedRuns:
             except ApprovalNotDecided:  # cannot be: it was decided above
                 return await self._save(run, "waiting")
             taken.append(consumed)
+            METRICS.taken(consumed, "run")
             resolutions.append(_resolution(call, consumed))
         try:
             step = await agent.resume(framework, resolutions, run_id=run.run_id)

@@ -22,6 +22,8 @@ from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
 from typing import Any, Literal, Protocol, TypeAlias
 
+from nodbot.bot.config.values import normalize_handle
+from nodbot.bot.metrics import METRICS
 from nodbot.core import (
     Announcement,
     ApprovalNotFound,
@@ -43,7 +45,12 @@ __all__ = [
     "Dispatcher",
     "Moment",
     "OutboxStore",
+    "acted",
     "backoff",
+    "reminder_skipped",
+    "reminder_step",
+    "reminder_steps",
+    "reminder_target",
     "retry_after",
 ]
 
@@ -115,6 +122,91 @@ Moment: TypeAlias = Literal["request", "outcome", "answer"]
 
 class OutboxStore(ApprovalStore, Outbox, Protocol):
     """A store of approvals with its outbox (`SqlApprovalStore`)."""
+
+
+# --- reminders ------------------------------------------------------------------------------
+#
+# A rule's `remind_every` (seconds) and `remind_limit`, kept in the review's policy, make
+# reminders: step k due at the review's opening + k * remind_every, before its deadline, at
+# most remind_limit of them. A channel that reminds wants one delivery (kind `reminder`,
+# target `<channel>:reminder:<k>`) per step when the review opens, so each step is claimed,
+# sent and recorded once however many replicas announce it; who is reminded is decided when
+# it is sent (those the channel reached who have not voted by then).
+
+DEFAULT_REMINDERS = 3
+"""Reminders of a review whose policy says `remind_every` but no `remind_limit`."""
+MAX_REMINDERS = 10
+"""Reminders of one review at most, whatever its policy says."""
+
+
+def reminder_steps(record: ApprovalRecord) -> list[tuple[int, datetime]]:
+    """The review's reminders, `(k, due at)`, from its policy's `remind_every` and
+    `remind_limit`: none without them (or with values that are not whole numbers above 0),
+    and none due at or after its deadline."""
+    policy = record.request.policy
+    every, limit = policy.get("remind_every"), policy.get("remind_limit", DEFAULT_REMINDERS)
+    if not isinstance(every, int) or not isinstance(limit, int) or not _whole(every, limit):
+        return []
+    deadline = record.request.deadline
+    steps = []
+    for k in range(1, min(limit, MAX_REMINDERS) + 1):
+        at = record.created_at + timedelta(seconds=k * every)
+        if deadline is not None and at >= deadline:
+            break
+        steps.append((k, at))
+    return steps
+
+
+def _whole(*values: int) -> bool:
+    return all(not isinstance(value, bool) and value > 0 for value in values)
+
+
+def reminder_target(channel: str, step: int) -> str:
+    """The target of a channel's reminder number `step`: `slack:reminder:2`."""
+    return f"{channel}:reminder:{step}"
+
+
+def reminder_step(delivery: Delivery) -> int | None:
+    """The number of a reminder delivery (`reminder_target`); None for any other."""
+    kind, _, number = delivery.address.partition(":")
+    if delivery.kind != "reminder" or kind != "reminder" or not number.isdigit():
+        return None
+    return int(number)
+
+
+def reminder_skipped(record: ApprovalRecord, delivery: Delivery, now: datetime) -> str | None:
+    """Why reminder `delivery` is not sent (it is settled so, `{"skipped": why}`), or None to
+    send it: the review is decided, or past its deadline; the step is not one its policy asks
+    for; or the next step is due too (the bot was stopped through this one's time), so that
+    the reviewers get one reminder, the later one, not two at once."""
+    step = reminder_step(delivery)
+    if record.decision is not None:
+        return f"decided before reminder {step}"
+    deadline = record.request.deadline
+    if deadline is not None and now >= deadline:
+        return f"timed out before reminder {step}"
+    steps = dict(reminder_steps(record))
+    if step not in steps:
+        return f"reminder {step} is not one the review's rule asks for"
+    following = steps.get(step + 1)
+    if following is not None and now >= following:
+        return f"reminder {step + 1} is due too: it is sent instead"
+    return None
+
+
+async def acted(store: ApprovalStore, approval_id: str) -> frozenset[str]:
+    """Who has voted on the review: the handles they voted with and the persons those
+    resolved to (`person:ana`, `email:ana@example.com`, and their handle part), compared as
+    `normalize_handle` writes them. A reviewer found here is not reminded."""
+    found: set[str] = set()
+    for event in await store.events(approval_id):
+        if event.kind not in ("voted", "decided"):
+            continue
+        for handle in (event.actor, event.person):
+            if handle:
+                found.add(normalize_handle(handle))
+                found.add(normalize_handle(handle.partition(":")[2] or handle))
+    return frozenset(found)
 
 
 def backoff(attempts: int, *, base: float = 1.0, cap: float = 300.0) -> float:
@@ -450,6 +542,7 @@ class Dispatcher:
                 log.warning("delivered, but %s", exc)  # another worker took it over: it repeats
                 return False
             self.counters["deliveries_sent"] += 1
+            METRICS.sent(delivery, record, ref, known=self.channels)
             log.info("delivery sent", extra=_delivery_fields(delivery))
             return True
 
@@ -472,6 +565,8 @@ class Dispatcher:
             },
         )
         self.counters["deliveries_failed"] += 1
+        result = "given_up" if retry_at is None else "failed"
+        METRICS.delivered(delivery.channel, delivery.kind, result, known=self.channels)
         try:  # a StoreError: the claim runs out and the delivery is tried again (`_deliver_after`)
             await self.store.delivery_failed(
                 delivery.delivery_id, worker=self.worker, error=str(exc), retry_at=retry_at

@@ -28,6 +28,7 @@ from typing import Protocol, runtime_checkable
 
 from nodbot.bot.config import Config
 from nodbot.bot.hosted import HostedRuns
+from nodbot.bot.metrics import METRICS
 from nodbot.bot.outbox import Channel, Dispatcher, OutboxStore
 from nodbot.bot.policy.rules import Authorize, RulesPort, rules_executor
 from nodbot.core import (
@@ -121,6 +122,8 @@ class WorkerHealth:
     """Per lane of the workers (runs, outbox) that is failing: its failures and last error."""
     down: dict[str, str] = field(default_factory=dict)
     """The long-lived tasks of `nodbot serve` that are down, and why (`bot.supervise`)."""
+    tasks: set[str] = field(default_factory=set)
+    """The long-lived tasks that have been down once (`/metrics` says each up or down)."""
 
     @property
     def failures(self) -> int:
@@ -141,6 +144,7 @@ class WorkerHealth:
 
     def task_down(self, name: str, why: str | None) -> None:
         """Note that the task `name` is down and why, or (None) that it is running again."""
+        self.tasks.add(name)
         if why is None:
             self.down.pop(name, None)
         else:
@@ -202,6 +206,7 @@ class BotService:
         if registry is None:
             registry = ToolRegistry.merged(agent.tools for agent in self.agents.values())
         self.registry = registry
+        METRICS.configure(config, (tool.name for tool in registry))
         self._executors: dict[str, Executor] = {
             name: rules_executor(
                 agent.tools, config, store, authorize=authorize, worker=self.worker
@@ -469,7 +474,8 @@ class BotService:
         """Time out overdue reviews and continue every ready run, until each has moved on:
         whether any timed out, and how many runs were continued (`step`; the workers' lane
         is `_move_and_tell`)."""
-        expired = bool(await self.store.expire_due())
+        expired = bool(timed_out := await self.store.expire_due())
+        METRICS.timed_out(timed_out)
         if expired:
             log.info("reviews timed out")
             self._decided()
@@ -568,7 +574,8 @@ class BotService:
         now = asyncio.get_running_loop().time()
         if now - self._expiry_looked >= EXPIRY_EVERY:
             self._expiry_looked = now
-            if await self.store.expire_due():
+            if timed_out := await self.store.expire_due():
+                METRICS.timed_out(timed_out)
                 log.info("reviews timed out")
                 self._decided()
                 self._outbox_wake.set()  # their outcomes

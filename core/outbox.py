@@ -48,9 +48,11 @@ track of (`claim_deliveries`' `sending`): far longer than a claim takes to be st
 
 Stage: TypeAlias = Literal["request", "outcome"]
 """What is announced about a review: that it opened, or how it was decided."""
-DeliveryKind: TypeAlias = Literal["request", "escalation", "outcome", "answer"]
+DeliveryKind: TypeAlias = Literal["request", "escalation", "reminder", "outcome", "answer"]
 """What a delivery tells: the request, the request again to those it escalates to (due at
-the escalation time), the outcome, the run's final answer (once the run has finished)."""
+the escalation time), a reminder to those who have not acted yet (one delivery per step of
+the rule's `remind_every`, each due at its step's time, the step's number in its target), the
+outcome, the run's final answer (once the run has finished)."""
 DeliveryStatus: TypeAlias = Literal["due", "sent", "failed"]
 """`due` until delivered (`sent`) or given up (`failed`: the channel said it never will)."""
 

@@ -35,6 +35,7 @@ from typing import Any, Literal, Protocol, TypeAlias, runtime_checkable
 
 from nodbot.core.calls import new_id
 from nodbot.core.decisions import Decision, ToolInterrupt
+from nodbot.core.delegations import MemoryDelegations
 from nodbot.core.errors import (
     ApprovalAlreadyConsumed,
     ApprovalAlreadyDecided,
@@ -517,6 +518,9 @@ class MemoryApprovalStore:
         """The web inbox's ended sessions (`SessionRevocations`), in this process only."""
         self.remembered = MemoryRememberedApprovals(clock=clock)
         """Reviewers' remembered approvals (`core.remembered`), in this process only."""
+        self.delegations = MemoryDelegations(clock=clock)
+        """Reviewers' reviews handed to others for a while (`core.delegations`), in this
+        process only."""
 
     async def create(self, request: ApprovalRequest) -> ApprovalRecord:
         with self._lock:

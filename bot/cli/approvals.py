@@ -100,7 +100,7 @@ async def run_approvals_command(arguments: argparse.Namespace) -> str:
             events = await store.events(record.approval_id)
             lines = [_describe(record, events), "events:"]
             lines += [
-                f"  {e.at:%Y-%m-%d %H:%M:%S} {e.kind} {e.actor or ''} {e.channel or ''} "
+                f"  {e.at:%Y-%m-%d %H:%M:%S} {e.kind} {_actor(e, '')} {e.channel or ''} "
                 f"{json.dumps(e.detail) if e.detail else ''}".rstrip()
                 for e in events
             ]
@@ -145,7 +145,11 @@ async def _decide(config: Config, store: SqlApprovalStore, arguments: argparse.N
         raise RefusedError(verdict.refusal)
     executor = Executor(registry, approval=DeferredApproval(store))
     decided = await executor.decide(
-        record.approval_id, decision, channel=CHANNEL, person=verdict.person, evidence=evidence
+        record.approval_id,
+        decision,
+        channel=CHANNEL,
+        person=verdict.person,
+        evidence=verdict.evidence(evidence),
     )
     return _describe(decided, await store.events(decided.approval_id))
 
@@ -233,10 +237,18 @@ def _deadline(record: ApprovalRecord) -> str:
     return f"{when}, then {becomes} by {TIMEOUT_DECIDER} if nobody decides"
 
 
+def _actor(event: ApprovalEvent, unknown: str) -> str:
+    """Who acted, and for whom when they decided as a delegate ("bob for ana")."""
+    evidence = event.detail.get("evidence")
+    for_whom = evidence.get("for") if isinstance(evidence, dict) else None
+    actor = event.actor or unknown
+    return f"{actor} for {for_whom}" if for_whom else actor
+
+
 def _votes(record: ApprovalRecord, events: Sequence[ApprovalEvent]) -> str:
     """The approvals so far and needed, and who gave them."""
     approvers = [
-        e.actor or "?"
+        _actor(e, "?")
         for e in events
         if e.kind == "voted" and e.detail.get("action") in ("approve", "edit")
     ]

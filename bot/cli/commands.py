@@ -20,6 +20,7 @@ from nodbot.bot.cli.audit import (
     key_from_environment,
     run_audit_command,
 )
+from nodbot.bot.cli.delegate import add_delegate_command, run_delegate_command
 from nodbot.bot.cli.init import InitError, add_init_command, run_init_command
 from nodbot.bot.cli.rules import add_rules_commands, run_rules_command
 from nodbot.bot.cli.runs import add_runs_commands, run_runs_command
@@ -154,6 +155,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_rules_commands(commands)
     add_audit_commands(commands)
     add_sessions_commands(commands)
+    add_delegate_command(commands)
     add_init_command(commands)
     _add_mcp_command(commands)
     _say_exit_statuses(parser)
@@ -408,6 +410,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(run_init_command(arguments))
         elif arguments.command == "sessions":
             print(asyncio.run(run_sessions_command(arguments)))
+        elif arguments.command == "delegate":
+            print(asyncio.run(run_delegate_command(arguments)))
         elif arguments.command == "audit":
             return asyncio.run(run_audit_command(arguments))
         elif arguments.command == "inbox-link":

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator, Mapping, Sequence
+from datetime import UTC, date, datetime
 from functools import cached_property
 from typing import Annotated, Any, Literal, TypeAlias
 
@@ -322,10 +323,18 @@ _REVIEW_KEYS = (
     "timeout_decision",
     "escalate_after",
     "escalate_to",
+    "remind_every",
+    "remind_limit",
     "remember",
     "remember_by",
 )
 _TOOL_NAME = re.compile(r"[A-Za-z_]\w*")
+
+
+MIN_REMIND_EVERY = 300
+"""Seconds between reminders at least: a nudge, not a stream of messages."""
+MAX_REMINDERS = 10
+"""Reminders of one review at most (`remind_limit`)."""
 
 
 class ReviewPolicy(ConfigModel):
@@ -364,6 +373,11 @@ class ReviewPolicy(ConfigModel):
     """How long before `escalate_to` is asked too; shorter than `timeout`."""
     escalate_to: list[ReviewerEntry] | None = None
     """Who is asked after `escalate_after`; written like `reviewers`."""
+    remind_every: Duration | None = None
+    """How often the reviewers who have not acted yet are reminded while the review waits
+    (at least 5m): on the channel that reached them, a reply in the review's thread."""
+    remind_limit: Annotated[Count, Field(ge=1, le=MAX_REMINDERS)] = 3
+    """How many reminders at most (1 to 10), each `remind_every` after the one before."""
     remember: Duration | None = None
     """How long a reviewer's "approve, and remember" holds (such as 1d): a later call of the
     same tool with the same arguments (those of `remember_by`) under this rule, unchanged,
@@ -395,6 +409,17 @@ class ReviewPolicy(ConfigModel):
             raise problem("expected at least one bound, such as {gt: {amount: 0}}")
         return value
 
+    def _reminder_problems(self) -> Iterator[tuple[KeyPath, str]]:
+        every, timeout = self.remind_every, self.timeout
+        if every is None:
+            if "remind_limit" in self.model_fields_set:
+                yield ("remind_limit",), "has no effect without remind_every"
+            return
+        if every < MIN_REMIND_EVERY:
+            yield ("remind_every",), "must be at least 5m: a reminder is a nudge, not a stream"
+        if timeout is not None and every >= timeout:
+            yield ("remind_every",), "must be shorter than timeout (no reminder would be sent)"
+
     def _review_problems(self) -> Iterator[tuple[KeyPath, str]]:
         if (self.escalate_after is None) != (self.escalate_to is None):
             given, missing = (
@@ -406,6 +431,7 @@ class ReviewPolicy(ConfigModel):
         after, timeout = self.escalate_after, self.timeout
         if after is not None and timeout is not None and after >= timeout:
             yield ("escalate_after",), "must be shorter than timeout"
+        yield from self._reminder_problems()
         if "timeout_decision" in self.model_fields_set and self.timeout is None:
             yield ("timeout_decision",), "has no effect without timeout"
         if self.remember_by is not None and self.remember is None:
@@ -711,6 +737,53 @@ class AuditConfig(ConfigModel):
         return None if self.key is None else self.key.get_secret_value()
 
 
+def moment(value: object) -> object:
+    """A date (its first moment, UTC) or a date and time (UTC when no zone is written)."""
+    if isinstance(value, str):
+        try:
+            value = datetime.fromisoformat(value.strip())
+        except ValueError:
+            raise problem(
+                f"expected a date such as 2027-01-10 or a time such as 2027-01-10T09:00+01:00, "
+                f"not {value!r}"
+            ) from None
+    if isinstance(value, date) and not isinstance(value, datetime):
+        value = datetime(value.year, value.month, value.day, tzinfo=UTC)
+    if isinstance(value, datetime) and value.tzinfo is None:
+        value = value.replace(tzinfo=UTC)
+    return value
+
+
+Moment: TypeAlias = Annotated[datetime, BeforeValidator(moment)]
+"""A date (from its first moment, UTC) or an ISO date and time."""
+
+
+class StandingDelegation(ConfigModel):
+    """A reviewer's reviews handed to another person (out of office, a standing deputy):
+    while it lasts, `to` may decide what `from` could, never a run `to` asked for."""
+
+    delegator: Principal = Field(alias="from")
+    """`from`: whose reviews, a handle of theirs (an email address, a Slack user id, a
+    name of `people:`)."""
+    delegate: Principal = Field(alias="to")
+    """`to`: who decides them meanwhile, a handle of theirs."""
+    since: Moment | None = None
+    """When it starts (a date is its first moment, UTC); by default at once."""
+    until: Moment | None = None
+    """When it ends (a date is its first moment, UTC: the day they are back); by default
+    it lasts as long as the file names it."""
+    reason: OneLine | None = None
+    """Why, shown with it (`nodbot delegate list`)."""
+
+    @model_validator(mode="after")
+    def _two_people(self) -> StandingDelegation:
+        if normalize_handle(self.delegator) == normalize_handle(self.delegate):
+            raise problem("a reviewer cannot hand their reviews to themselves")
+        if self.since is not None and self.until is not None and self.until <= self.since:
+            raise problem("until must come after since")
+        return self
+
+
 class Config(ConfigModel):
     """The whole `nodbot.yml`."""
 
@@ -740,6 +813,9 @@ class Config(ConfigModel):
     """Person name -> their handles (Slack user ids, email addresses, API token names,
     inbox sign-ins): one person however they act. A Slack user and the address Slack holds
     for them are one person without an entry."""
+    delegations: list[StandingDelegation] = Field(default_factory=list)
+    """Standing delegations: a reviewer's reviews handed to another person, as
+    `nodbot delegate` hands them for a while (docs: People and handles)."""
     rules: list[Rule] = Field(default_factory=list)
     """Tried in order for each call; the first that matches decides what happens."""
     defaults: Defaults | None = None

@@ -16,6 +16,10 @@ Sent with aiosmtplib: 4xx answers, refused connections and timeouts are retried 
 outbox with backoff; 5xx answers give the delivery up (recorded `undelivered`). Once the
 review is decided, from whichever channel, each reviewer whose request was sent gets the
 outcome (`In-Reply-To`/`References` its request): who decided, when, the edited arguments.
+With the rule's `remind_every`, each reminder step is one delivery (`email:reminder:2`): a
+short message in the same thread (`In-Reply-To`/`References` the request, the same
+`Reply-To`, so replying to it decides) to each reviewer whose request was sent and who has
+not voted, each address kept in the delivery's progress once sent.
 
 Each request also carries signed links (with `links_base`, the inbox's address): approve and
 deny as the rule allows, edit when the call may be edited, each
@@ -29,6 +33,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from email.headerregistry import Address
 from email.message import EmailMessage
@@ -42,9 +47,19 @@ from jinja2 import Environment, PackageLoader, StrictUndefined, select_autoescap
 from nodbot.bot.config import EmailConfig, parse_reviewer
 from nodbot.bot.email.reading import MARKER
 from nodbot.bot.email.tokens import InvalidToken, ReplyTokens
-from nodbot.bot.outbox import DeliveryError, Moment, OutboxStore
+from nodbot.bot.outbox import (
+    DeliveryError,
+    Moment,
+    OutboxStore,
+    acted,
+    reminder_skipped,
+    reminder_step,
+    reminder_steps,
+    reminder_target,
+)
 from nodbot.bot.web.signing import ReviewAction, Signer, SignInLinkError, review_link
 from nodbot.core import ApprovalRecord, Delivery, NewDelivery
+from nodbot.core.store import utc_now
 
 __all__ = ["EmailChannel", "email_addresses"]
 
@@ -93,6 +108,7 @@ class EmailChannel:
         *,
         secret: str | None,
         links_base: str | None = None,
+        clock: Callable[[], datetime] = utc_now,
     ) -> None:
         if not secret:
             # Fail closed: unsigned, or signed with a key nobody keeps, replies would be
@@ -100,6 +116,7 @@ class EmailChannel:
             raise ValueError("the email channel needs web.secret to sign its reply tokens")
         self.config = config
         self.store = store
+        self._clock = clock
         self.tokens = ReplyTokens(secret)
         self.secret = secret
         self.links_base = links_base
@@ -132,11 +149,18 @@ class EmailChannel:
         if escalate_at:
             when = datetime.fromisoformat(escalate_at)
             found += [NewDelivery("escalation", f"{self.name}:{a}", when) for a in later]
+        if found:
+            found += [
+                NewDelivery("reminder", reminder_target(self.name, step), at)
+                for step, at in reminder_steps(record)
+            ]
         return found
 
     # --- delivering --------------------------------------------------------------------------
 
     async def deliver(self, delivery: Delivery, record: ApprovalRecord) -> dict[str, Any] | None:
+        if delivery.kind == "reminder":
+            return await self._remind(delivery, record)
         address = delivery.address
         try:
             Address(addr_spec=address)
@@ -164,11 +188,14 @@ class EmailChannel:
             expires = min(expires, deadline)
         return self.tokens.issue(record.approval_id, address, record.request.digest, expires)
 
-    def _envelope(self, delivery: Delivery, token: str, subject: str) -> EmailMessage:
+    def _envelope(
+        self, delivery: Delivery, token: str, subject: str, to: str | None = None
+    ) -> EmailMessage:
+        """A message of `delivery` to `to` (by default the delivery's address)."""
         message = EmailMessage(policy=SMTP)
         local, _, domain = self.config.reply_to.rpartition("@")
         message["From"] = self.config.sender
-        message["To"] = delivery.address
+        message["To"] = to or delivery.address
         message["Reply-To"] = f"{local}+{token}@{domain}"
         message["Subject"] = one_line(subject)
         message["Date"] = format_datetime(datetime.now(UTC))
@@ -260,6 +287,57 @@ class EmailChannel:
         message["References"] = replied
         message.set_content(self._render("outcome.txt", context))
         message.add_alternative(self._render("outcome.html", context), subtype="html")
+        return message
+
+    async def _remind(self, delivery: Delivery, record: ApprovalRecord) -> dict[str, Any]:
+        """A reminder step: one message to each reviewer whose request was emailed and who
+        has not voted, in the thread of their request; each address kept in the delivery's
+        progress once sent, so that a retry sends only to the rest."""
+        skipped = reminder_skipped(record, delivery, self._clock())
+        if skipped is not None:
+            return {"skipped": skipped}
+        voted = await acted(self.store, record.approval_id)
+        ref = dict(delivery.ref or {})
+        sent: list[str] = [str(a) for a in ref.get("sent") or []]
+        for request in await self.store.deliveries(record.approval_id):
+            address = request.address
+            ref_of = request.ref or {}
+            if request.channel != self.name or request.kind not in ("request", "escalation"):
+                continue
+            if request.status != "sent" or "message_id" not in ref_of:
+                continue  # not emailed (yet): nothing to remind them of
+            if address in sent or address in voted:
+                continue
+            token = self._token(record, address)
+            await self._send(self._reminder(delivery, record, token, request), address)
+            sent.append(address)
+            if delivery.claimed_by is not None:
+                await self.store.delivery_progress(
+                    delivery.delivery_id, worker=delivery.claimed_by, ref={**ref, "sent": sent}
+                )
+        return {"step": reminder_step(delivery), "sent": sent}
+
+    def _reminder(
+        self, delivery: Delivery, record: ApprovalRecord, token: str, request: Delivery
+    ) -> EmailMessage:
+        policy, deadline = record.request.policy, record.request.deadline
+        context = {
+            "marker": self.marker,
+            "step": reminder_step(delivery),
+            "limit": len(reminder_steps(record)),
+            "tool": record.request.tool,
+            "description": policy.get("description"),
+            "approval_id": record.approval_id,
+            "run_id": record.request.run_id,
+            "deadline": None if deadline is None else _when(deadline),
+            "allowed": policy.get("allowed_decisions") or ["approve", "edit", "deny"],
+        }
+        subject = self._render("reminder_subject.txt", context)
+        message = self._envelope(delivery, token, subject, to=request.address)
+        replied = str((request.ref or {})["message_id"])
+        message["In-Reply-To"] = replied
+        message["References"] = replied
+        message.set_content(self._render("reminder.txt", context))
         return message
 
     async def _request_sent(self, delivery: Delivery, record: ApprovalRecord) -> Delivery | None:

@@ -69,6 +69,7 @@ from nodbot.bot.email.reading import (
 from nodbot.bot.email.reading import sender as sender_of
 from nodbot.bot.email.tokens import TOKEN_LENGTH, InvalidToken, ReplyTokens
 from nodbot.bot.forms import FIELD_PREFIX, edit_fields, parse_edit, reason_too_long
+from nodbot.bot.metrics import METRICS
 from nodbot.bot.policy.authorize import AuthorizeDecision
 from nodbot.bot.policy.remember import NOT_REMEMBERED, remember_decision, scope_of
 from nodbot.core import (
@@ -395,7 +396,7 @@ class Inbound:
                 decided_by=address,
                 channel=CHANNEL,
                 person=person,
-                evidence={MESSAGE_ID: refuse.message_id},
+                evidence=verdict.evidence({MESSAGE_ID: refuse.message_id}),
             )
         except MessageAlreadyProcessed as exc:
             return refuse.repeated(exc)
@@ -413,6 +414,7 @@ class Inbound:
             return await refuse(f"the edited arguments are not valid for the tool: {wrong}")
         except UnknownToolError as exc:
             return await refuse(f"edits of {exc.tool} cannot be checked here")
+        METRICS.decided(decided, CHANNEL)
         if refuse.remember and decided.status == "approved":
             await remember_decision(self.store, decided, person=person)
         if self.on_decided is not None:
@@ -460,6 +462,7 @@ class _Refuser:
             )
         except MessageAlreadyProcessed as exc:
             return self.repeated(exc)
+        METRICS.refused(CHANNEL, reason)  # once: a copy of the message is repeated above
         return Outcome("refused", reason, approval_id, self.message_id)
 
     def repeated(self, exc: MessageAlreadyProcessed) -> Outcome:

@@ -1,4 +1,5 @@
-"""One log line per HTTP request: `request` with its method, path, status and duration.
+"""One log line per HTTP request: `request` with its method, path, status and duration; and
+one count of it by route template, method and status (`nodbot_http_requests_total`).
 
 The path is logged without its query string, and no header is: a sign-in link carries its
 token in the query (`/inbox/login?token=...`), and requests carry bearer tokens and session
@@ -11,9 +12,12 @@ from __future__ import annotations
 import logging
 import time
 
+from starlette.routing import BaseRoute, Mount, Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-__all__ = ["AccessLog"]
+from nodbot.bot.metrics import METRICS
+
+__all__ = ["AccessLog", "route_template"]
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +49,7 @@ class AccessLog:
         try:
             await self.app(scope, receive, watched)
         finally:
+            METRICS.request(route_template(scope), scope["method"], status)
             quiet = scope["path"] in PROBES and status < 500
             log.log(
                 logging.DEBUG if quiet else logging.INFO,
@@ -56,3 +61,19 @@ class AccessLog:
                     "duration_ms": round((time.perf_counter() - started) * 1000, 1),
                 },
             )
+
+
+UNMATCHED = "unmatched"
+"""The route of a request no route took (a 404 for any path): paths are not labels."""
+
+
+def route_template(scope: Scope) -> str:
+    """The template of the route that took the request (`/approvals/{approval_id}`), as the
+    router left it in the scope; a mount's path with `/{path}` after it when no route of its
+    own took it."""
+    route: BaseRoute | None = scope.get("route")
+    if isinstance(route, Route):
+        return route.path
+    if isinstance(route, Mount):
+        return f"{route.path}/{{path}}"
+    return UNMATCHED

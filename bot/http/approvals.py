@@ -53,6 +53,7 @@ from nodbot.bot.http.schemas import (
     HealthView,
     ListQuery,
 )
+from nodbot.bot.metrics import METRICS
 from nodbot.bot.policy.authorize import AuthorizeDecision, Verdict
 from nodbot.bot.policy.people import People
 from nodbot.bot.policy.remember import NOT_REMEMBERED, remember_decision, scope_of
@@ -174,7 +175,7 @@ def create_app(
             found["decisions"] += inbox.counters["decisions"]
         return found
 
-    routes.append(Route("/metrics", metrics_endpoint(store, counters), methods=["GET"]))
+    routes.append(Route("/metrics", metrics_endpoint(store, counters, service), methods=["GET"]))
     return Starlette(
         routes=routes,
         middleware=[Middleware(AccessLog), Middleware(BodyLimit)],
@@ -275,8 +276,9 @@ class _ApprovalsApi:
         verdict = await self.authorize(principal, record, decision)
         if verdict.refusal is None and decision.approved and "runs:write-as" in token.scopes:
             verdict = Verdict(verdict.person, STARTS_FOR_OTHERS_REASON)
-        evidence = {"token": principal}
+        evidence = verdict.evidence({"token": principal})
         if verdict.refusal is not None:
+            METRICS.refused(CHANNEL, verdict.refusal)
             await self.store.refuse(
                 record.approval_id,
                 actor=principal,
@@ -318,6 +320,7 @@ class _ApprovalsApi:
             )
             raise ApiError(422, message, details=exc.details()) from None
         self.counters["decisions"] += 1
+        METRICS.decided(decided, CHANNEL)
         if body.remember and decided.status == "approved":
             kept = await remember_decision(self.store, decided, person=verdict.person)
             log.info(

@@ -69,6 +69,7 @@ from nodbot.bot.http.schemas import (
     kept_by,
     other_body,
 )
+from nodbot.bot.metrics import METRICS
 from nodbot.bot.policy.people import People
 from nodbot.bot.policy.rules import Judged, RulesPort
 from nodbot.bot.service import BotService
@@ -237,6 +238,7 @@ def request_routes(service: BotService, tokens: TokenTable) -> list[Route]:
                 "this decision was handed out already: it answers one call, once",
                 details={"approval_id": approval_id},
             ) from None
+        METRICS.taken(record, "api")
         if not record.finished:
             # Handed out is as far as the bot sees the call; a replay opens a new review.
             record = await store.finish(approval_id, outcome="handed-out")

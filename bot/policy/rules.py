@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any
 
 from nodbot.bot.config import Config
 from nodbot.bot.config.models import ReviewPolicy
+from nodbot.bot.metrics import METRICS
 from nodbot.bot.policy.bounds import edit_refusal
 from nodbot.bot.policy.remember import CHANNEL as REMEMBERED
 from nodbot.bot.policy.remember import remembered_decision, rule_digest
@@ -136,12 +137,13 @@ class RulesPort(DeferredApproval):
         # The executor's: its arguments are the tool's model's validated ones already.
         ruled = await self.rule(request, judged=Judged(request.arguments))
         if ruled.decision is None:
-            return await super().request(ruled.request)
+            return await METRICS.taken_by_run(self.store, await super().request(ruled.request))
         if ruled.evidence is None:
             # Recorded nowhere else (the outbox logs the decisions it records); a call that
             # needs no review is not one: the run's step says it ran.
             decision = ruled.decision
             if not (decision.decided_by == NO_RULE and decision.approved):
+                METRICS.ruled(request.tool, decision)
                 log.info(
                     "decision",
                     extra={
@@ -158,13 +160,14 @@ class RulesPort(DeferredApproval):
         record = await self.store.create(ruled.request)
         if record.decision is None:
             with contextlib.suppress(ApprovalAlreadyDecided):
-                await self.store.decide(
+                decided = await self.store.decide(
                     record.approval_id,
                     ruled.decision,
                     channel=REMEMBERED,
                     evidence=ruled.evidence,
                 )
-        return await super().request(ruled.request)
+                METRICS.decided(decided, REMEMBERED)
+        return await METRICS.taken_by_run(self.store, await super().request(ruled.request))
 
     async def open_review(
         self, request: ApprovalRequest, *, judged: Judged | None = None
@@ -180,9 +183,10 @@ class RulesPort(DeferredApproval):
             return record, False
         channel = "rules" if ruled.evidence is None else REMEMBERED
         with contextlib.suppress(ApprovalAlreadyDecided):  # the same rule, in a race
-            await self.store.decide(
+            decided = await self.store.decide(
                 record.approval_id, ruled.decision, channel=channel, evidence=ruled.evidence
             )
+            METRICS.decided(decided, channel)
         return await self.store.get(record.approval_id), True
 
     def judged(self, request: ApprovalRequest) -> Judged:
@@ -353,9 +357,13 @@ class RulesPort(DeferredApproval):
                 "remember_by": None if rule.remember_by is None else list(rule.remember_by),
                 "rule_digest": rule_digest(rule),
             }
+        reminding: dict[str, Any] = {}
+        if rule.remind_every is not None:
+            reminding = {"remind_every": rule.remind_every, "remind_limit": rule.remind_limit}
         return {
             **escalation,
             **remembering,
+            **reminding,
             "rule": index,
             "description": rule.description,
             "reviewers": [reviewer.text for reviewer in reviewers],

@@ -9,7 +9,11 @@ Where a review goes comes from its rule (`post_to`, the reviewers), kept with th
 Each place is one delivery (`slack:channel:#refunds`, `slack:dm:U0123ABCDE`), so each
 message is posted once: a user group's delivery turns into one delivery per member. The
 `escalate_to` places get the request when the rule escalates, if nobody has decided by
-then. Once the review is decided, from whichever channel, one delivery (`slack:messages`)
+then. With the rule's `remind_every`, each reminder step is one delivery (`slack:reminder:2`):
+a reply in the thread of each message posted for the review that mentions those it reached
+who have not voted (for a direct message, its reviewer; for a channel post, the rule's
+reviewers that are Slack users or addresses), each reply kept in the delivery's progress as it
+is posted. Once the review is decided, from whichever channel, one delivery (`slack:messages`)
 updates every message posted for it with `chat.update`: buttons gone, the outcome, who
 decided and when, the edited arguments. `chat.update` can be repeated safely, so a retry
 after a partial failure updates again rather than posting twice; a review approved with
@@ -47,6 +51,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 import aiohttp
+import jinja2
 from aiohttp import ClientError
 from slack_sdk.errors import SlackApiError
 from slack_sdk.http_retry.builtin_async_handlers import (
@@ -58,7 +63,17 @@ from slack_sdk.web.async_client import AsyncWebClient
 
 from nodbot.bot.config import SlackConfig, parse_reviewer
 from nodbot.bot.config.values import Reviewer
-from nodbot.bot.outbox import DeliveryError, Moment, OutboxStore, retry_after
+from nodbot.bot.outbox import (
+    DeliveryError,
+    Moment,
+    OutboxStore,
+    acted,
+    reminder_skipped,
+    reminder_step,
+    reminder_steps,
+    reminder_target,
+    retry_after,
+)
 from nodbot.bot.policy.remember import remembered_of, scope_of
 from nodbot.bot.slack.directory import Directory
 from nodbot.bot.slack.messages import (
@@ -68,8 +83,10 @@ from nodbot.bot.slack.messages import (
     decided_message,
     full_arguments,
     request_message,
+    who,
 )
 from nodbot.bot.slack.once import Part, Progress, Unreadable, find_in_history, find_in_thread, tag
+from nodbot.bot.slack.text import clip, escape
 from nodbot.core import ApprovalRecord, Delivery, NewDelivery, ToolRegistry
 from nodbot.core.store import utc_now
 
@@ -105,6 +122,13 @@ PERMANENT_ERRORS = frozenset(
     }
 )
 """Answers that trying again will not change: the delivery is given up (and logged)."""
+
+_templates = jinja2.Environment(
+    loader=jinja2.PackageLoader("nodbot", "templates/slack"),  # package data of `nodbot`
+    autoescape=False,  # Slack text: values are escaped for Slack before they get here
+    undefined=jinja2.StrictUndefined,
+    keep_trailing_newline=False,
+)
 
 REMEMBER_WAIT = timedelta(seconds=30)
 """How long after an "Approve & remember" the update of its messages waits for the
@@ -170,8 +194,10 @@ class SlackChannel:
         *,
         client: AsyncWebClient | None = None,
         session: aiohttp.ClientSession | None = None,
+        clock: Callable[[], datetime] = utc_now,
     ) -> None:
         self.config = config
+        self._clock = clock
         self.store = store
         self.registry = registry
         self.client = client or slack_client(config, session=session)
@@ -201,6 +227,11 @@ class SlackChannel:
                 for place in later
                 if place not in asked
             ]
+        if found:
+            found += [
+                NewDelivery("reminder", reminder_target(self.name, step), at)
+                for step, at in reminder_steps(record)
+            ]
         return found
 
     # --- delivering --------------------------------------------------------------------------
@@ -213,6 +244,8 @@ class SlackChannel:
                 return await self._answer(delivery, record)
             if delivery.kind == "escalation" and record.decision is not None:
                 return {"skipped": "decided before the escalation"}
+            if delivery.kind == "reminder":
+                return await self._remind(delivery, record)
             return await self._post(delivery, record)
         except SlackApiError as exc:
             raise _delivery_error(exc) from exc
@@ -490,6 +523,108 @@ class SlackChannel:
             replies[(message["channel"], message["ts"])] = reply["ts"]
             await progress.save(replies=_replies_ref(replies), begun=None)
         return {"replies": _replies_ref(replies)}
+
+    async def _remind(self, delivery: Delivery, record: ApprovalRecord) -> dict[str, Any]:
+        """A reminder step: a reply in the thread of each message of the review whose
+        reviewers have not all voted, mentioning those who have not; each reply kept in the
+        delivery's progress as it is posted, so that a retry posts only the rest."""
+        skipped = reminder_skipped(record, delivery, self._clock())
+        if skipped is not None:
+            return {"skipped": skipped}
+        voted = await acted(self.store, record.approval_id)
+        progress = Progress(self.store, delivery)
+        replies = _replies(progress.ref)
+        for post in await self.posts(record.approval_id):
+            mentions = await self._to_remind(post, record, voted)
+            if mentions is None:
+                continue
+            text = self._reminder_text(record, delivery, mentions)
+            for message in messages_of(post.ref):
+                if (message["channel"], message["ts"]) in replies:
+                    continue
+                reply = None
+                if progress.earlier:
+                    reply = await self._thread_earlier(progress, record, message)
+                if reply is None:
+                    await progress.begin()
+                    posted = await self.client.chat_postMessage(
+                        channel=message["channel"],
+                        thread_ts=message["ts"],
+                        text=text,
+                        unfurl_links=False,
+                        unfurl_media=False,
+                        # once.py's parts have no reminder: the delivery id tells them apart.
+                        metadata=tag(record, delivery, "answer"),
+                    )
+                    reply = {"channel": posted["channel"], "ts": posted["ts"]}
+                replies[(message["channel"], message["ts"])] = reply["ts"]
+                await progress.save(replies=_replies_ref(replies), begun=None)
+        return {"step": reminder_step(delivery), "replies": _replies_ref(replies)}
+
+    async def _to_remind(
+        self, post: Delivery, record: ApprovalRecord, voted: frozenset[str]
+    ) -> list[str] | None:
+        """The Slack users a reminder in the thread of `post`'s messages mentions: for a
+        direct message its reviewer, for a channel post the rule's reviewers that are Slack
+        users or addresses (those it escalated to too, for an escalation), in both cases
+        only those who have not voted. None when nobody is left to remind there (a channel
+        that is a reviewer itself is reminded without mentions)."""
+        kind, _, place = post.address.partition(":")
+        if kind == "dm":
+            user = await self._slack_user(place)
+            if user is None or await self._has_voted(user, voted):
+                return None
+            return [user]
+        policy = record.request.policy
+        entries = _reviewers(policy.get("reviewers"))
+        if post.kind == "escalation":
+            entries += _reviewers(policy.get("escalate_to"))
+        users: list[str] = []
+        for entry in entries:
+            if entry.kind in ("slack_user", "email"):
+                user = await self._slack_user(entry.text)
+                if user and user not in users and not await self._has_voted(user, voted):
+                    users.append(user)
+        channel_reviews = any(entry.kind == "slack_channel" for entry in entries)
+        return users if users or channel_reviews else None
+
+    async def _slack_user(self, handle: str) -> str | None:
+        """The Slack user id of a reviewer entry (a user id, or an address Slack knows);
+        None for another kind, or when Slack cannot say (that one is not mentioned)."""
+        try:
+            reviewer = parse_reviewer(handle)
+            if reviewer.kind == "slack_user":
+                return reviewer.value
+            if reviewer.kind == "email":
+                return await self.directory.user_by_email(reviewer.value)
+        except (ValueError, SlackApiError, ClientError, TimeoutError) as exc:
+            log.info("reviewer %s is not reminded by name: %s", handle, exc)
+        return None
+
+    async def _has_voted(self, user: str, voted: frozenset[str]) -> bool:
+        """Whether the Slack user `user` voted: with that id, or with the address Slack
+        holds for them."""
+        if user in voted:
+            return True
+        try:
+            email = await self.directory.email_of(user)
+        except (SlackApiError, ClientError, TimeoutError):
+            return False  # reminded: a nudge too many rather than one missing
+        return email is not None and email in voted
+
+    def _reminder_text(self, record: ApprovalRecord, delivery: Delivery, users: list[str]) -> str:
+        deadline = record.request.deadline
+        fallback = None if deadline is None else deadline.strftime("%Y-%m-%d %H:%M UTC")
+        shown = None
+        if deadline is not None:
+            shown = f"<!date^{int(deadline.timestamp())}^{{date_short_pretty}} {{time}}|{fallback}>"
+        return _templates.get_template("reminder.txt.j2").render(
+            mentions=[who(user) for user in users],
+            step=reminder_step(delivery),
+            limit=len(reminder_steps(record)),
+            tool=escape(clip(record.request.tool, 200)),
+            deadline=shown,
+        )
 
     def render(self, record: ApprovalRecord) -> Rendered:
         """The message of the review as it stands: the request, or the decided message."""

@@ -39,6 +39,7 @@ from slack_sdk.errors import SlackApiError
 
 from nodbot.bot.config import SlackConfig
 from nodbot.bot.forms import FIELD_PREFIX, EditField, edit_fields, parse_edit, reason_too_long
+from nodbot.bot.metrics import METRICS
 from nodbot.bot.policy.authorize import Authorizer, Verdict
 from nodbot.bot.policy.people import IdentityUnavailable, People
 from nodbot.bot.policy.remember import NOT_REMEMBERED, remember_decision, scope_of
@@ -214,13 +215,13 @@ class SlackReviews:
             await ack(response_action="errors", errors=_first(view, verdict.refusal))
             return
         try:
-            await self.executor.decide(
+            edited = await self.executor.decide(
                 record.approval_id,
                 decision,
                 decided_by=click.user,
                 channel=CHANNEL,
                 person=verdict.person,
-                evidence=click.evidence,
+                evidence=verdict.evidence(click.evidence),
             )
         except InvalidArgumentsError as exc:
             errors = {}
@@ -235,6 +236,7 @@ class SlackReviews:
             await ack(response_action="errors", errors=_first(view, _why(exc)))
             return
         await ack()
+        METRICS.decided(edited, CHANNEL)
         self._decided()
 
     async def _deny_submitted(
@@ -297,11 +299,12 @@ class SlackReviews:
                 decided_by=click.user,
                 channel=CHANNEL,
                 person=verdict.person,
-                evidence=click.evidence,
+                evidence=verdict.evidence(click.evidence),
             )
         except (ApprovalAlreadyDecided, ApprovalAlreadyVoted) as exc:
             await self._tell(click, _why(exc))
             return
+        METRICS.decided(decided, CHANNEL)
         if remember and decided.status == "approved":
             await self._remember(click, decided, verdict)
         self._decided()
@@ -368,6 +371,7 @@ class SlackReviews:
             person: str | None = (await self.authorizer.people.person(click.user)).key
         except IdentityUnavailable:
             person = None
+        METRICS.refused(CHANNEL, NOT_ITS_MESSAGE)
         await self.store.refuse(
             record.approval_id,
             actor=click.user,
@@ -392,6 +396,7 @@ class SlackReviews:
     async def _record_refusal(
         self, click: _Click, record: ApprovalRecord, verdict: Verdict
     ) -> None:
+        METRICS.refused(CHANNEL, verdict.refusal or "refused")
         await self.store.refuse(
             record.approval_id,
             actor=click.user,

@@ -91,7 +91,9 @@ from nodbot.bot.forms import (
 )
 from nodbot.bot.http import AuthorizeDecision
 from nodbot.bot.http.approvals import refuse_self_approval
+from nodbot.bot.metrics import METRICS
 from nodbot.bot.policy.authorize import Authorizer
+from nodbot.bot.policy.delegation import Delegations, checked_delegation, delegations_of
 from nodbot.bot.policy.people import IdentityUnavailable, People
 from nodbot.bot.policy.remember import NOT_REMEMBERED, remember_decision, remembered_of, scope_of
 from nodbot.bot.policy.rules import SELF_APPROVAL_REASON, rule_refusal
@@ -118,8 +120,9 @@ from nodbot.core import (
     ToolRegistry,
     UnknownToolError,
 )
+from nodbot.core.delegations import Delegation, DelegationNotFound
 from nodbot.core.remembered import RememberedApproval, RememberedNotFound
-from nodbot.core.store import SessionRevocations
+from nodbot.core.store import SessionRevocations, utc_now
 
 __all__ = ["CHANNEL", "COOKIE", "WebInbox"]
 
@@ -247,6 +250,13 @@ class WebInbox:
             Route(
                 "/inbox/remembered/{remember_id}/forget",
                 self._page(self.forget),
+                methods=["POST"],
+            ),
+            Route("/inbox/settings", self._page(self.settings), methods=["GET"]),
+            Route("/inbox/settings/delegate", self._page(self.delegate), methods=["POST"]),
+            Route(
+                "/inbox/settings/delegations/{delegation_id}/end",
+                self._page(self.end_delegation),
                 methods=["POST"],
             ),
         ]
@@ -447,7 +457,7 @@ class WebInbox:
                 decided_by=who,
                 channel=CHANNEL,
                 person=verdict.person,
-                evidence=evidence,
+                evidence=verdict.evidence(evidence),  # and whom for, when by a delegation
             )
         except ApprovalAlreadyDecided as exc:
             raise _already_decided(record.approval_id, exc.decided_by) from None
@@ -475,6 +485,7 @@ class WebInbox:
                 422, "Decision not accepted", str(exc), approval_id=record.approval_id
             ) from None
         self.counters["decisions"] += 1
+        METRICS.decided(decided, CHANNEL)
         if self.service is not None:
             self.service.decided()  # the run may be ready to go on
         if remember is not None and decided.status == "approved":
@@ -521,6 +532,113 @@ class WebInbox:
             extra={"remember_id": remember_id, "approval_id": found.approval_id, "by": who},
         )
         return RedirectResponse("/inbox/remembered", status_code=303)
+
+    async def settings(self, request: Request) -> Response:
+        session = await self._session(request)
+        _within(session, None)
+        return await self._settings_page(session)
+
+    async def delegate(self, request: Request) -> Response:
+        """Hand the signed-in reviewer's reviews to someone until a date (out of office)."""
+        session = await self._session(request)
+        _within(session, None)
+        form = await _form(request)
+        self._check_csrf(session, form)
+        stored = delegations_of(self.store)
+        who = session.principal
+        fields = {key: form.get(key, "") for key in ("to", "until", "reason")}
+        now = utc_now()
+        try:
+            if stored is None:
+                raise ValueError("this bot's store keeps no delegations")
+            asked = checked_delegation(
+                who, fields["to"], fields["until"], fields["reason"] or None, now=now
+            )
+            if await self.people.same(who, asked.delegate):
+                raise ValueError("a reviewer cannot hand their reviews to themselves")
+        except (ValueError, IdentityUnavailable) as exc:
+            return await self._settings_page(session, status=422, problem=str(exc), form=fields)
+        made = await stored.add(
+            delegator=asked.delegator,
+            delegate=asked.delegate,
+            since=now,
+            until=asked.until,
+            reason=asked.reason,
+            created_by=f"inbox:{who}",
+        )
+        log.info(
+            "reviews delegated in the web inbox",
+            extra={"delegation_id": made.delegation_id, "by": who, "to": made.delegate},
+        )
+        return RedirectResponse("/inbox/settings", status_code=303)
+
+    async def end_delegation(self, request: Request) -> Response:
+        """End one of the signed-in reviewer's own delegations now."""
+        session = await self._session(request)
+        _within(session, None)
+        form = await _form(request)
+        self._check_csrf(session, form)
+        delegation_id = request.path_params["delegation_id"]
+        stored = delegations_of(self.store)
+        mine = await self._delegations_of(session.principal) if stored else ([], [])
+        if stored is None or delegation_id not in {d.delegation_id for d in mine[0]}:
+            # Someone else's is answered as one that does not exist: its existence is not told.
+            raise _no_delegation(delegation_id)
+        try:
+            await stored.end(delegation_id, by=f"inbox:{session.principal}")
+        except DelegationNotFound:
+            raise _no_delegation(delegation_id) from None
+        log.info(
+            "delegation ended in the web inbox",
+            extra={"delegation_id": delegation_id, "by": session.principal},
+        )
+        return RedirectResponse("/inbox/settings", status_code=303)
+
+    async def _settings_page(
+        self,
+        session: Session,
+        *,
+        status: int = 200,
+        problem: str | None = None,
+        form: Mapping[str, str] | None = None,
+    ) -> Response:
+        mine, handed_to_me = await self._delegations_of(session.principal)
+        return self._render(
+            "settings.html",
+            status,
+            session,
+            mine=mine,
+            handed_to_me=handed_to_me,
+            kept_here=delegations_of(self.store) is not None,
+            problem=problem,
+            form=form or {},
+        )
+
+    async def _delegations_of(self, who: str) -> tuple[list[Delegation], list[Delegation]]:
+        """The delegations, live or to come, that hand `who`'s reviews on (the file's
+        standing ones included), and those that hand others' reviews to them."""
+        book = self._book()
+        found = list(book.standing)
+        if book.stored is not None:
+            found += await book.stored.list(live=True)
+        now = utc_now()
+        found = [d for d in found if d.until is None or now < d.until]
+        person = await self._person_of(who)
+        handle = who.lower()
+
+        async def is_them(handle_of: str) -> bool:
+            if handle_of.lower() == handle:
+                return True
+            return person is not None and await self._person_of(handle_of) == person
+
+        mine = [d for d in found if await is_them(d.delegator)]
+        to_me = [d for d in found if await is_them(d.delegate)]
+        return mine, to_me
+
+    def _book(self) -> Delegations:
+        if isinstance(self.authorize, Authorizer) and self.authorize.delegations is not None:
+            return self.authorize.delegations
+        return Delegations(self.people, stored=delegations_of(self.store))
 
     # --- helpers ----------------------------------------------------------------------------
 
@@ -768,6 +886,7 @@ class WebInbox:
         evidence: dict[str, Any],
     ) -> None:
         """Record the refused attempt, then raise the page that says why."""
+        METRICS.refused(CHANNEL, reason)
         await self.store.refuse(
             record.approval_id,
             actor=who,
@@ -1002,6 +1121,15 @@ def _not_found(approval_id: str) -> PageError:
     return PageError(404, "No such approval", f"No approval has the id {approval_id!r}.")
 
 
+def _no_delegation(delegation_id: str) -> PageError:
+    return PageError(
+        404,
+        "No such delegation",
+        f"You have no delegation {delegation_id}: it may be another's, or a standing one of "
+        "the configuration (ask whoever runs nodbot). Nothing was changed.",
+    )
+
+
 def _not_remembered(remember_id: str) -> PageError:
     return PageError(
         404,
@@ -1159,10 +1287,14 @@ def _edited(record: ApprovalRecord) -> dict[str, Any] | None:
 
 
 def _event(event: ApprovalEvent) -> dict[str, Any]:
+    evidence = event.detail.get("evidence")
+    actor = event.actor or ""
+    if isinstance(evidence, dict) and evidence.get("for"):
+        actor = f"{actor} for {evidence['for']}"  # decided by a delegation
     return {
         "at": event.at,
         "kind": event.kind,
-        "actor": event.actor or "",
+        "actor": actor,
         "channel": event.channel or "",
         "detail": ", ".join(f"{key}: {shown(value)}" for key, value in event.detail.items()),
     }

@@ -25,6 +25,7 @@ from sqlalchemy import (
 __all__ = [
     "UTCDateTime",
     "approvals",
+    "delegations",
     "deliveries",
     "events",
     "idempotency_keys",
@@ -242,6 +243,25 @@ remembered = Table(
 )
 # find(): the live approvals of one scope, for each call a remembering rule covers.
 Index("remembered_scope", remembered.c.scope, remembered.c.expires_at)
+
+# Reviewers' reviews handed to another person for a period (core/sqlstore/delegations.py,
+# migration 0018): read by every process on the database at each decision a delegate makes.
+delegations = Table(
+    "delegations",
+    metadata,
+    Column("delegation_id", String(64), primary_key=True),
+    Column("delegator", String(320), nullable=False),  # whose reviews: a handle, normalized
+    Column("delegate", String(320), nullable=False),  # who decides them meanwhile
+    Column("since", UTCDateTime, nullable=False),
+    Column("until", UTCDateTime, nullable=False),
+    Column("reason", Text),
+    Column("created_by", String(320)),
+    Column("created_at", UTCDateTime, nullable=False),
+    Column("ended_at", UTCDateTime),
+    Column("ended_by", String(320)),
+)
+# live(): those not past, at each decision a delegate makes.
+Index("delegations_until", delegations.c.until)
 
 run_states = Table(
     "run_states",

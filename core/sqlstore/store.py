@@ -62,6 +62,7 @@ from nodbot.core.sqlstore.backend import (
     Row,
     refusal_once,
 )
+from nodbot.core.sqlstore.delegations import SqlDelegations
 from nodbot.core.sqlstore.drafts import Draft, Drafts
 from nodbot.core.sqlstore.engine import (
     normalize_url,
@@ -191,6 +192,8 @@ class SqlApprovalStore:
         """Reviewers' remembered approvals, in this database (`core.sqlstore.remembered`)."""
         self.run_states = SqlRunStates(self.url, ready=self.open, clock=clock)
         """Hosted agents' states between their steps (`core.sqlstore.run_states`)."""
+        self.delegations = SqlDelegations(self.url, ready=self.open, clock=clock)
+        """Reviewers' reviews handed to others for a while (`core.sqlstore.delegations`)."""
 
     @property
     def display_url(self) -> str:
@@ -207,6 +210,7 @@ class SqlApprovalStore:
         await self.sessions.close()
         await self.remembered.close()
         await self.run_states.close()
+        await self.delegations.close()
         backend, self._backend = self._backend, None
         if backend is not None:
             with self._errors():

@@ -512,7 +512,7 @@ def test_an_unknown_top_level_key_names_the_file_line_and_expected_keys(tmp_path
         f"{tmp_path / 'nodbot.yml'}:2: servers: unknown key 'servers'; did you mean 'server'? "
         "(expected one of: "
         "store, server, workers, agents, framework_agents, external_tools, reviewer_groups, "
-        "people, rules, defaults, slack, email, api, web, webhooks, audit, log)"
+        "people, delegations, rules, defaults, slack, email, api, web, webhooks, audit, log)"
     )
 
 
@@ -1342,7 +1342,8 @@ def test_check_config_prints_every_problem_and_fails(tmp_path: Path) -> None:
         f"{path}:5: rules.0.reviewerz: unknown key 'reviewerz'; did you mean 'reviewers'? "
         "(expected one of: tool, when, decision, description, reviewers, post_to, "
         "allowed_decisions, editable, edit_bounds, approvals_required, allow_self_approval, "
-        "timeout, timeout_decision, escalate_after, escalate_to, remember, remember_by)",
+        "timeout, timeout_decision, escalate_after, escalate_to, remind_every, remind_limit, "
+        "remember, remember_by)",
     ]
 
 
