@@ -162,6 +162,11 @@ async def _serving(
         # outcome announced at once: no second stage for the outbox (a write transaction).
         store.outcome_stage = any(channel.tells_outcomes for channel in channels)
         authorizer = authorizer_for(config, slack_channel, runs=store)
+        # Escalations and reminders reach the reviewers' delegates too, as the authorizer
+        # resolves them (one `People`, one reading of the delegations).
+        for delegating in (slack_channel, email_channel):
+            if delegating is not None:
+                delegating.delegations = authorizer.delegations
         service = BotService(
             config,
             store,

@@ -21,6 +21,16 @@ short message in the same thread (`In-Reply-To`/`References` the request, the sa
 `Reply-To`, so replying to it decides) to each reviewer whose request was sent and who has
 not voted, each address kept in the delivery's progress once sent.
 
+Escalation and reminders go to the delegates too (`bot.policy.delegation`): when a reminder
+step or an escalation is sent (not when the review opened, so a delegation made since counts,
+and an ended one no longer does), each reviewer it reaches who has handed their reviews to
+someone is joined by that delegate's address: the delegate gets the review's request, named
+"for" the delegator (`delegated_for`), with a `Reply-To` of their own token, so that their
+reply decides as the delegator could ("bob for ana"). Each delegate's address is kept in the
+delivery's progress once sent, as the reviewers' are, so it is emailed once per step. When the
+delegations cannot be read, or a delegate not told, the reviewers are emailed as before and a
+warning is logged: a delegate is never a reason to leave the reviewer out.
+
 Each request also carries signed links (with `links_base`, the inbox's address): approve and
 deny as the rule allows, edit when the call may be edited, each
 `<links_base>/inbox/review?token=...` signed with `web.secret` for the reviewer, the
@@ -57,8 +67,10 @@ from nodbot.bot.outbox import (
     reminder_steps,
     reminder_target,
 )
+from nodbot.bot.policy.delegation import Delegations
+from nodbot.bot.policy.people import IdentityUnavailable
 from nodbot.bot.web.signing import ReviewAction, Signer, SignInLinkError, review_link
-from nodbot.core import ApprovalRecord, Delivery, NewDelivery
+from nodbot.core import ApprovalRecord, Delivery, NewDelivery, StoreError
 from nodbot.core.store import utc_now
 
 __all__ = ["EmailChannel", "email_addresses"]
@@ -109,6 +121,7 @@ class EmailChannel:
         secret: str | None,
         links_base: str | None = None,
         clock: Callable[[], datetime] = utc_now,
+        delegations: Delegations | None = None,
     ) -> None:
         if not secret:
             # Fail closed: unsigned, or signed with a key nobody keeps, replies would be
@@ -120,6 +133,9 @@ class EmailChannel:
         self.tokens = ReplyTokens(secret)
         self.secret = secret
         self.links_base = links_base
+        self.delegations = delegations
+        """Who decides for whom (`bot.policy.delegation`), for escalations and reminders to
+        reach the delegates too; None: nobody for anyone."""
         """Where the web inbox is reached (`web.public_url`, else the bot's own address), for
         the signed links of the requests; None sends requests without links."""
         self.domain = config.sender.rpartition("@")[2]
@@ -174,10 +190,74 @@ class EmailChannel:
             message = self._outcome(delivery, record, token, request)
         elif record.decision is not None:
             return {"skipped": "decided before it was sent"}
+        elif delivery.kind == "escalation":
+            return await self._escalate(delivery, record, token)
         else:
             message = self._request(delivery, record, token)
         await self._send(message, address)
         return {"message_id": message["Message-ID"], "to": address}
+
+    async def _escalate(
+        self, delivery: Delivery, record: ApprovalRecord, token: str
+    ) -> dict[str, Any]:
+        """An escalation: the request to whom it escalates to, then to each of their
+        delegates at this moment, each address kept in the delivery's progress once sent."""
+        address = delivery.address
+        ref = dict(delivery.ref or {})
+        if "message_id" not in ref:
+            message = self._request(delivery, record, token)
+            await self._send(message, address)
+            ref.update(message_id=message["Message-ID"], to=address)
+            await self._progress(delivery, ref)
+        delegated: list[str] = [str(a) for a in ref.get("delegates") or []]
+        for delegate, delegator in await self._delegates([address]):
+            if delegate in delegated:
+                continue
+            await self._send_delegated(delivery, record, delegate, delegator)
+            delegated.append(delegate)
+            await self._progress(delivery, {**ref, "delegates": delegated})
+        return {**ref, "delegates": delegated} if delegated else ref
+
+    async def _progress(self, delivery: Delivery, ref: dict[str, Any]) -> None:
+        if delivery.claimed_by is not None:
+            await self.store.delivery_progress(
+                delivery.delivery_id, worker=delivery.claimed_by, ref=ref
+            )
+
+    async def _send_delegated(
+        self, delivery: Delivery, record: ApprovalRecord, delegate: str, delegator: str
+    ) -> None:
+        """The review's request to `delegate`, named for `delegator`, with the delegate's own
+        reply token (its Message-ID is the delivery's and that token: one per step and
+        delegate)."""
+        token = self._token(record, delegate)
+        message = self._request(delivery, record, token, to=delegate, delegated_for=delegator)
+        await self._send(message, delegate)
+
+    async def _delegates(self, addresses: list[str]) -> list[tuple[str, str]]:
+        """`(delegate's address, delegator's address)` for each of `addresses` who has
+        handed their reviews to someone with an address, now; none when the delegations
+        cannot be read (logged: the reviewers are emailed as before)."""
+        if self.delegations is None or not self.delegations.any_possible or not addresses:
+            return []
+        found: list[tuple[str, str]] = []
+        moment = self._clock()
+        try:
+            for address in addresses:
+                person = await self.delegations.people.person(address)
+                for delegate in await self.delegations.delegates_of(person, moment):
+                    emails = sorted(delegate.emails)
+                    if emails and emails[0] not in addresses:
+                        found.append((emails[0], address))
+        except (StoreError, IdentityUnavailable) as exc:
+            log.warning(
+                "could not read who decides for %s (%s): their delegates are not emailed; "
+                "the reviewers are, as without delegations",
+                ", ".join(addresses),
+                exc,
+            )
+            return []
+        return found
 
     def _token(self, record: ApprovalRecord, address: str) -> str:
         """The reviewer's token: the same on every attempt (it is part of the Message-ID),
@@ -205,7 +285,15 @@ class EmailChannel:
         message["X-Auto-Response-Suppress"] = "All"
         return message
 
-    def _request(self, delivery: Delivery, record: ApprovalRecord, token: str) -> EmailMessage:
+    def _request(
+        self,
+        delivery: Delivery,
+        record: ApprovalRecord,
+        token: str,
+        *,
+        to: str | None = None,
+        delegated_for: str | None = None,
+    ) -> EmailMessage:
         request, policy = record.request, record.request.policy
         allowed = policy.get("allowed_decisions") or ["approve", "edit", "deny"]
         editable = policy.get("editable")
@@ -214,6 +302,7 @@ class EmailChannel:
         context = {
             "marker": self.marker,
             "escalated": delivery.kind == "escalation",
+            "delegated_for": delegated_for,
             "tool": request.tool,
             "description": policy.get("description"),
             "arguments": _shown(request.arguments),
@@ -224,10 +313,11 @@ class EmailChannel:
             "allowed": allowed,
             "editable": editable,
             "can_edit": can_edit,
-            "links": self._links(delivery.address, record, token, allowed, can_edit),
+            "links": self._links(to or delivery.address, record, token, allowed, can_edit),
             "remember": _remembering(policy) if "approve" in allowed else None,
         }
-        message = self._envelope(delivery, token, self._render("request_subject.txt", context))
+        subject = self._render("request_subject.txt", context)
+        message = self._envelope(delivery, token, subject, to=to)
         message.set_content(self._render("request.txt", context))
         message.add_alternative(self._render("request.html", context), subtype="html")
         return message
@@ -299,6 +389,7 @@ class EmailChannel:
         voted = await acted(self.store, record.approval_id)
         ref = dict(delivery.ref or {})
         sent: list[str] = [str(a) for a in ref.get("sent") or []]
+        reminded: list[str] = []
         for request in await self.store.deliveries(record.approval_id):
             address = request.address
             ref_of = request.ref or {}
@@ -306,15 +397,22 @@ class EmailChannel:
                 continue
             if request.status != "sent" or "message_id" not in ref_of:
                 continue  # not emailed (yet): nothing to remind them of
-            if address in sent or address in voted:
+            if address in voted or address in reminded:
+                continue
+            reminded.append(address)
+            if address in sent:
                 continue
             token = self._token(record, address)
             await self._send(self._reminder(delivery, record, token, request), address)
             sent.append(address)
-            if delivery.claimed_by is not None:
-                await self.store.delivery_progress(
-                    delivery.delivery_id, worker=delivery.claimed_by, ref={**ref, "sent": sent}
-                )
+            await self._progress(delivery, {**ref, "sent": sent})
+        # Their delegates now get the request, once each (kept with the addresses sent).
+        for delegate, delegator in await self._delegates(reminded):
+            if delegate in sent or delegate in voted:
+                continue
+            await self._send_delegated(delivery, record, delegate, delegator)
+            sent.append(delegate)
+            await self._progress(delivery, {**ref, "sent": sent})
         return {"step": reminder_step(delivery), "sent": sent}
 
     def _reminder(

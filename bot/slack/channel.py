@@ -21,6 +21,18 @@ after a partial failure updates again rather than posting twice; a review approv
 remembered approval to be recorded, which follows the decision). When the run finishes, one
 delivery (`answer`) replies with its answer in the thread of each message.
 
+Escalation and reminders go to the delegates too (`bot.policy.delegation`): when a reminder
+step or an escalation to a person is sent (not when the review opened, so a delegation made
+since counts, and an ended one no longer does), each person it reaches who has handed their
+reviews to someone is joined by that delegate. The delegate gets a direct message, not a
+mention in the thread: a thread in the delegator's DM, or in a channel they are not in, is
+not one they can see. It is the review's message with its buttons, headed "for @ana", so that
+they decide as the delegator could ("bob for ana"). Each such message is kept in the
+delivery's progress (`delegates`), read back from the DM's history after an attempt that may
+have posted it, so it is posted once per step and delegate, and updated with the others once
+the review is decided. When the delegations cannot be read, or a delegate not told, the
+reviewers are reminded as before and a warning is logged.
+
 Each message is posted once, however often its delivery is tried (`bot/slack/once.py`): a
 delivery's steps (the message, the full arguments in its thread; one answer reply per
 thread) are kept in its `ref` as each is done, so a retry goes on from the step that failed;
@@ -74,6 +86,8 @@ from nodbot.bot.outbox import (
     reminder_target,
     retry_after,
 )
+from nodbot.bot.policy.delegation import Delegations
+from nodbot.bot.policy.people import IdentityUnavailable
 from nodbot.bot.policy.remember import remembered_of, scope_of
 from nodbot.bot.slack.directory import Directory
 from nodbot.bot.slack.messages import (
@@ -87,7 +101,7 @@ from nodbot.bot.slack.messages import (
 )
 from nodbot.bot.slack.once import Part, Progress, Unreadable, find_in_history, find_in_thread, tag
 from nodbot.bot.slack.text import clip, escape
-from nodbot.core import ApprovalRecord, Delivery, NewDelivery, ToolRegistry
+from nodbot.core import ApprovalRecord, Delivery, NewDelivery, StoreError, ToolRegistry
 from nodbot.core.store import utc_now
 
 __all__ = ["MESSAGES_TARGET", "SlackChannel", "messages_of", "places", "slack_client"]
@@ -195,9 +209,13 @@ class SlackChannel:
         client: AsyncWebClient | None = None,
         session: aiohttp.ClientSession | None = None,
         clock: Callable[[], datetime] = utc_now,
+        delegations: Delegations | None = None,
     ) -> None:
         self.config = config
         self._clock = clock
+        self.delegations = delegations
+        """Who decides for whom (`bot.policy.delegation`), for escalations and reminders to
+        reach the delegates too; None: nobody for anyone."""
         self.store = store
         self.registry = registry
         self.client = client or slack_client(config, session=session)
@@ -246,7 +264,10 @@ class SlackChannel:
                 return {"skipped": "decided before the escalation"}
             if delivery.kind == "reminder":
                 return await self._remind(delivery, record)
-            return await self._post(delivery, record)
+            posted = await self._post(delivery, record)
+            if delivery.kind == "escalation" and "messages" in posted:
+                return await self._escalate_to_delegates(delivery, record, posted)
+            return posted
         except SlackApiError as exc:
             raise _delivery_error(exc) from exc
         except (ClientError, TimeoutError) as exc:
@@ -454,6 +475,12 @@ class SlackChannel:
     async def _update_all(self, record: ApprovalRecord) -> dict[str, Any]:
         posts = await self.posts(record.approval_id)
         messages = [message for d in posts for message in messages_of(d.ref)]
+        messages += [
+            {"channel": sent["channel"], "ts": sent["ts"]}
+            for d in await self.store.deliveries(record.approval_id)
+            if d.channel == self.name
+            for sent in _delegated(d.ref or {}).values()
+        ]
         if any(d.status == "due" for d in posts if d.due_at <= (record.decided_at or d.due_at)):
             raise DeliveryError("a request of this review is not posted yet", retry_after=1)
         rendered = decided_message(record, remembered_until=await self._remembered_until(record))
@@ -534,10 +561,12 @@ class SlackChannel:
         voted = await acted(self.store, record.approval_id)
         progress = Progress(self.store, delivery)
         replies = _replies(progress.ref)
+        reminded: list[str] = []
         for post in await self.posts(record.approval_id):
             mentions = await self._to_remind(post, record, voted)
             if mentions is None:
                 continue
+            reminded += [user for user in mentions if user not in reminded]
             text = self._reminder_text(record, delivery, mentions)
             for message in messages_of(post.ref):
                 if (message["channel"], message["ts"]) in replies:
@@ -559,7 +588,84 @@ class SlackChannel:
                     reply = {"channel": posted["channel"], "ts": posted["ts"]}
                 replies[(message["channel"], message["ts"])] = reply["ts"]
                 await progress.save(replies=_replies_ref(replies), begun=None)
-        return {"step": reminder_step(delivery), "replies": _replies_ref(replies)}
+        await self._to_delegates(progress, record, reminded, voted)
+        found = {"step": reminder_step(delivery), "replies": _replies_ref(replies)}
+        return (
+            {**found, "delegates": progress.ref["delegates"]}
+            if "delegates" in progress.ref
+            else found
+        )
+
+    async def _escalate_to_delegates(
+        self, delivery: Delivery, record: ApprovalRecord, posted: dict[str, Any]
+    ) -> dict[str, Any]:
+        """After an escalation's message to a person, the same to their delegates now."""
+        kind, _, handle = delivery.address.partition(":")
+        user = await self._slack_user(handle) if kind == "dm" else None
+        if user is None:
+            return posted
+        progress = Progress(self.store, delivery)
+        await progress.save(**posted)  # the message is kept before what may fail
+        await self._to_delegates(progress, record, [user], frozenset())
+        return dict(progress.ref)
+
+    async def _to_delegates(
+        self, progress: Progress, record: ApprovalRecord, users: list[str], voted: frozenset[str]
+    ) -> None:
+        """The review's message, headed "for" its reviewer, by direct message to the live
+        delegates of `users` (Slack user ids) who are not among them and have not voted;
+        each kept in the progress (`delegates`) once posted, and looked for in the DM's
+        history after an attempt that may have posted it without keeping it."""
+        sent = _delegated(progress.ref)
+        for delegate, delegator in await self._delegates(users):
+            if delegate in sent or await self._has_voted(delegate, voted):
+                continue
+            message = await self._earlier(progress, record, delegate) if progress.earlier else None
+            if message is None:
+                await progress.begin()
+                rendered = self.render(record)
+                header = f"For {who(delegator)}, who has handed their reviews to you for now:"
+                posted = await self.client.chat_postMessage(
+                    channel=delegate,
+                    text=f"{header} {rendered.text}",
+                    blocks=[
+                        {"type": "section", "text": {"type": "mrkdwn", "text": header}},
+                        *rendered.blocks,
+                    ],
+                    unfurl_links=False,
+                    unfurl_media=False,
+                    metadata=tag(record, progress.delivery, "request"),
+                )
+                message = {"channel": posted["channel"], "ts": posted["ts"]}
+            sent[delegate] = {**message, "for": delegator}
+            await progress.save(
+                delegates=[{"user": user, **found} for user, found in sent.items()], begun=None
+            )
+
+    async def _delegates(self, users: list[str]) -> list[tuple[str, str]]:
+        """`(delegate's user id, delegator's user id)` for each of `users` who has handed
+        their reviews to someone Slack knows, now; none when the delegations cannot be read
+        (logged: the reviewers are reminded as before)."""
+        if self.delegations is None or not self.delegations.any_possible or not users:
+            return []
+        people, moment = self.delegations.people, self._clock()
+        found: list[tuple[str, str]] = []
+        try:
+            for user in users:
+                person = await people.person(user)
+                for delegate in await self.delegations.delegates_of(person, moment):
+                    ids = sorted(await people.slack_ids(delegate))
+                    if ids and ids[0] not in users and ids[0] not in (d for d, _ in found):
+                        found.append((ids[0], user))
+        except (StoreError, IdentityUnavailable) as exc:
+            log.warning(
+                "could not read who decides for %s (%s): their delegates are not messaged; "
+                "the reviewers are, as without delegations",
+                ", ".join(users),
+                exc,
+            )
+            return []
+        return found
 
     async def _to_remind(
         self, post: Delivery, record: ApprovalRecord, voted: frozenset[str]
@@ -663,6 +769,16 @@ def _replies(ref: Mapping[str, Any]) -> dict[tuple[str, str], str]:
         (str(r["channel"]), str(r["thread_ts"])): str(r["ts"])
         for r in (found if isinstance(found, list) else [])
         if isinstance(r, dict) and {"channel", "thread_ts", "ts"} <= r.keys()
+    }
+
+
+def _delegated(ref: Mapping[str, Any]) -> dict[str, dict[str, str]]:
+    """The messages a delivery's ref says it posted to delegates: user -> channel, ts, for."""
+    found = ref.get("delegates")
+    return {
+        str(d["user"]): {"channel": str(d["channel"]), "ts": str(d["ts"]), "for": str(d["for"])}
+        for d in (found if isinstance(found, list) else [])
+        if isinstance(d, dict) and {"user", "channel", "ts", "for"} <= d.keys()
     }
 
 
