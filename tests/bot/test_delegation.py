@@ -429,3 +429,27 @@ def test_delegate_refuses_bad_input_with_exit_status_2(
 ) -> None:
     assert delegate(config, *words) == 2
     assert not (tmp_path / "nodbot.db").exists()  # nothing was written, not even a store
+
+
+async def test_the_served_bots_email_channel_reaches_the_delegates_it_decides_with(
+    tmp_path: Path,
+) -> None:
+    """`nodbot serve` hands its channels the delegations its authorizer reads: a delegation
+    made with the command is the one an escalation or a reminder of the running bot sends to."""
+    email = (
+        "email:\n  from: nodbot@example.com\n  reply_to: approvals@example.com\n"
+        "  smtp: {host: 127.0.0.1, port: 2525, tls: none}\n"
+        "web:\n  secret: a-web-secret-of-the-delegation-test-0000\n"
+    )
+    config = write(tmp_path / "nodbot.yml", f"sqlite:///{tmp_path / 'nodbot.db'}", email)
+    async with running(config) as bot:
+        [channel] = [
+            c for c in bot.served.service.dispatcher.channels.values() if c.name == "email"
+        ]
+        delegations: Any = getattr(channel, "delegations", None)
+        assert delegations is not None
+        ana = await delegations.people.person(ANA)
+        assert await delegations.delegates_of(ana) == []
+        assert await delegated(config, "--from", ANA, "--to", BOB, "--until", tomorrow()) == 0
+        [bob] = await delegations.delegates_of(ana)
+        assert bob.key == f"email:{BOB}"
