@@ -311,6 +311,33 @@ async def test_on_slack_a_reminder_reaches_the_delegate_by_dm_once_until_it_ends
             assert not any(block.get("type") == "actions" for block in updated.blocks)
 
 
+async def test_on_slack_an_escalation_reaches_the_delegate_of_whom_it_escalates_to(
+    tmp_path: Path,
+) -> None:
+    escalation = "    escalate_after: 4h\n    escalate_to: [cy@example.com]\n"
+    async with reminding.world("sqlite", tmp_path, escalation) as w:
+        cy = w.slack.add_user("cy", email="cy@example.com")
+        bob = w.slack.add_user("bob", email="bob@example.com")
+        async with slack_replica(w, "one") as b:
+            await reminding.open_review(w, b)
+            await reminding.at(w, 3.5, b)
+            assert w.slack.messages(bob) == []
+            await b.store.delegations.add(
+                delegator="cy@example.com",
+                delegate="bob@example.com",
+                since=w.clock.now,
+                until=w.clock.now + timedelta(days=2),
+            )
+            await reminding.at(w, 4, b)  # the escalation to cy: bob, who decides for cy, too
+            assert len(w.slack.messages(cy)) == 1
+            [to_bob] = w.slack.messages(bob)
+            assert f"For <@{cy.id}>" in to_bob.text
+            assert any(block.get("type") == "actions" for block in to_bob.blocks)
+        async with slack_replica(w, "two") as b:  # a restart sends it not again
+            await reminding.at(w, 4.2, b)
+            assert len(w.slack.messages(bob)) == 1
+
+
 @pytest.mark.postgres
 async def test_two_replicas_send_each_delegate_one_message_per_step(tmp_path: Path) -> None:
     async with reminding.world("postgresql", tmp_path) as w:

@@ -61,7 +61,7 @@ rules:
     timeout: 10h
     remind_every: 1h
     remind_limit: 3
-"""
+{extra}"""
 
 
 class Clock:
@@ -102,7 +102,9 @@ class Replica:
 
 
 @contextlib.asynccontextmanager
-async def world(backend: str, tmp_path: Path) -> AsyncIterator[World]:
+async def world(backend: str, tmp_path: Path, extra: str = "") -> AsyncIterator[World]:
+    """The world; `extra`: more keys of the rule (YAML lines), `{ana}` and `{bo}` in them
+    standing for their Slack ids."""
     async with database_url(backend, tmp_path) as url, slack_fake() as slack, mail_server() as mail:
         ana = slack.add_user("ana", email="ana@example.com")
         bo = slack.add_user("bo", email="bo@example.com")
@@ -117,6 +119,7 @@ async def world(backend: str, tmp_path: Path) -> AsyncIterator[World]:
                 port=mail.port,
                 ana=ana.id,
                 bo=bo.id,
+                extra=extra.format(ana=ana.id, bo=bo.id),
             )
         )
         yield World(slack, mail, ana, bo, url, load_config(str(path)), Clock())
