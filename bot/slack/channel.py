@@ -530,6 +530,20 @@ class SlackChannel:
         messages = [message for d in posts for message in messages_of(d.ref)]
         progress = Progress(self.store, delivery)
         replies = _replies(progress.ref)
+        await self._reply_in_threads(progress, record, messages, text, replies)
+        return {"replies": _replies_ref(replies)}
+
+    async def _reply_in_threads(
+        self,
+        progress: Progress,
+        record: ApprovalRecord,
+        messages: list[dict[str, str]],
+        text: str,
+        replies: dict[tuple[str, str], str],
+    ) -> None:
+        """`text` as a reply in the thread of each of `messages` not replied to yet
+        (`replies`: thread -> reply), each kept in the delivery's progress as it is posted,
+        and looked for in the thread after an attempt that may have posted it unkept."""
         for message in messages:
             if (message["channel"], message["ts"]) in replies:
                 continue
@@ -544,12 +558,12 @@ class SlackChannel:
                     text=text,
                     unfurl_links=False,
                     unfurl_media=False,
-                    metadata=tag(record, delivery, "answer"),
+                    # once.py's parts have no reminder: the delivery id tells them apart.
+                    metadata=tag(record, progress.delivery, "answer"),
                 )
                 reply = {"channel": posted["channel"], "ts": posted["ts"]}
             replies[(message["channel"], message["ts"])] = reply["ts"]
             await progress.save(replies=_replies_ref(replies), begun=None)
-        return {"replies": _replies_ref(replies)}
 
     async def _remind(self, delivery: Delivery, record: ApprovalRecord) -> dict[str, Any]:
         """A reminder step: a reply in the thread of each message of the review whose
@@ -568,26 +582,7 @@ class SlackChannel:
                 continue
             reminded += [user for user in mentions if user not in reminded]
             text = self._reminder_text(record, delivery, mentions)
-            for message in messages_of(post.ref):
-                if (message["channel"], message["ts"]) in replies:
-                    continue
-                reply = None
-                if progress.earlier:
-                    reply = await self._thread_earlier(progress, record, message)
-                if reply is None:
-                    await progress.begin()
-                    posted = await self.client.chat_postMessage(
-                        channel=message["channel"],
-                        thread_ts=message["ts"],
-                        text=text,
-                        unfurl_links=False,
-                        unfurl_media=False,
-                        # once.py's parts have no reminder: the delivery id tells them apart.
-                        metadata=tag(record, delivery, "answer"),
-                    )
-                    reply = {"channel": posted["channel"], "ts": posted["ts"]}
-                replies[(message["channel"], message["ts"])] = reply["ts"]
-                await progress.save(replies=_replies_ref(replies), begun=None)
+            await self._reply_in_threads(progress, record, messages_of(post.ref), text, replies)
         await self._to_delegates(progress, record, reminded, voted)
         found = {"step": reminder_step(delivery), "replies": _replies_ref(replies)}
         return (

@@ -5,9 +5,11 @@ schema, so the store's hot path, which goes straight to the drivers, is left alo
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from datetime import datetime
+from typing import Any
 
+from sqlalchemy import Row
 from sqlalchemy.engine import URL
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
@@ -58,3 +60,10 @@ class BesideTheStore:
             # The schema check set WAL on the file; reads then never wait for writers.
             return create_async_engine(self._url, connect_args={"timeout": self._lock_timeout})
         return create_async_engine(self._url)
+
+    async def _rows(self, query: Any) -> Sequence[Row[Any]]:
+        """The rows of a read (`query`), on a connection of this table's engine."""
+        engine = await self._opened()
+        with translate_errors(self._url):
+            async with engine.connect() as connection:
+                return list((await connection.execute(query)).all())

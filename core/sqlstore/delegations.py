@@ -100,12 +100,6 @@ class SqlDelegations(BesideTheStore):
             raise DelegationNotFound(delegation_id)
         return _record(found)
 
-    async def _rows(self, query: Any) -> Sequence[Row[Any]]:
-        engine = await self._opened()
-        with translate_errors(self._url):
-            async with engine.connect() as connection:
-                return list((await connection.execute(query)).all())
-
 
 def _record(row: Row[Any]) -> Delegation:
     values = row._mapping

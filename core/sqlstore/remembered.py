@@ -108,12 +108,6 @@ class SqlRememberedApprovals(BesideTheStore):
             raise RememberedNotFound(remember_id)
         return _record(found)
 
-    async def _rows(self, query: Any) -> Sequence[Row[Any]]:
-        engine = await self._opened()
-        with translate_errors(self._url):
-            async with engine.connect() as connection:
-                return list((await connection.execute(query)).all())
-
 
 def _record(row: Row[Any]) -> RememberedApproval:
     values = row._mapping
