@@ -63,6 +63,30 @@ class Delegation:
     ended_at: datetime | None = None
     ended_by: str | None = None
 
+    @classmethod
+    def made(
+        cls,
+        *,
+        delegator: str,
+        delegate: str,
+        since: datetime,
+        until: datetime,
+        reason: str | None,
+        created_by: str | None,
+        at: datetime,
+    ) -> Delegation:
+        """A new delegation, made at `at`, with an id of its own (what `add` keeps)."""
+        return cls(
+            delegation_id=new_id("dlg_"),
+            delegator=delegator,
+            delegate=delegate,
+            since=since,
+            until=until,
+            reason=reason,
+            created_by=created_by,
+            created_at=at,
+        )
+
     def live(self, at: datetime) -> bool:
         """Whether it hands the reviews on at `at`."""
         if self.ended_at is not None and self.ended_at <= at:
@@ -120,15 +144,14 @@ class MemoryDelegations:
         reason: str | None = None,
         created_by: str | None = None,
     ) -> Delegation:
-        kept = Delegation(
-            delegation_id=new_id("dlg_"),
+        kept = Delegation.made(
             delegator=delegator,
             delegate=delegate,
             since=since,
             until=until,
             reason=reason,
             created_by=created_by,
-            created_at=self._clock(),
+            at=self._clock(),
         )
         with self._lock:
             self._kept[kept.delegation_id] = kept

@@ -8,12 +8,12 @@ on first use once the store has checked the schema.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import asdict
 from datetime import datetime
 from typing import Any
 
 from sqlalchemy import Row, insert, or_, select, update
 
-from nodbot.core.calls import new_id
 from nodbot.core.delegations import Delegation, DelegationNotFound
 from nodbot.core.sqlstore.beside import BesideTheStore
 from nodbot.core.sqlstore.engine import translate_errors
@@ -38,26 +38,16 @@ class SqlDelegations(BesideTheStore):
         reason: str | None = None,
         created_by: str | None = None,
     ) -> Delegation:
-        kept = Delegation(
-            delegation_id=new_id("dlg_"),
+        kept = Delegation.made(
             delegator=delegator,
             delegate=delegate,
             since=since,
             until=until,
             reason=reason,
             created_by=created_by,
-            created_at=self._clock(),
+            at=self._clock(),
         )
-        row = {
-            "delegation_id": kept.delegation_id,
-            "delegator": delegator,
-            "delegate": delegate,
-            "since": since,
-            "until": until,
-            "reason": reason,
-            "created_by": created_by,
-            "created_at": kept.created_at,
-        }
+        row = asdict(kept)  # the table's columns are the record's fields
         engine = await self._opened()
         with translate_errors(self._url):
             async with engine.begin() as connection:
@@ -102,16 +92,4 @@ class SqlDelegations(BesideTheStore):
 
 
 def _record(row: Row[Any]) -> Delegation:
-    values = row._mapping
-    return Delegation(
-        delegation_id=values["delegation_id"],
-        delegator=values["delegator"],
-        delegate=values["delegate"],
-        since=values["since"],
-        until=values["until"],
-        reason=values["reason"],
-        created_by=values["created_by"],
-        created_at=values["created_at"],
-        ended_at=values["ended_at"],
-        ended_by=values["ended_by"],
-    )
+    return Delegation(**row._mapping)
