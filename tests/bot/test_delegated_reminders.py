@@ -28,7 +28,7 @@ from nodbot.bot.policy.delegation import Delegations
 from nodbot.bot.policy.people import People
 from nodbot.bot.policy.rules import rules_executor
 from nodbot.bot.slack.channel import SlackChannel
-from nodbot.core import Decision, SqlApprovalStore, StoreError, ToolCall, ToolRegistry
+from nodbot.core import Decision, SqlApprovalStore, StoreError, ToolCall
 from nodbot.core.delegations import Delegation
 from tests.bot import test_reminders as reminding
 from tests.bot.test_email_inbound import TRUSTED, reply
@@ -40,13 +40,7 @@ OPENED = datetime.now(UTC).replace(microsecond=0)
 """When the review opens: now, since the inbound side checks reply tokens against the real
 time."""
 
-tools = ToolRegistry()
-
-
-@tools.tool(confirm=True, effects="write")
-def refund(order_id: str, amount: float) -> str:
-    """Refund an order."""
-    return f"refunded {amount} on {order_id}"
+tools = reminding.tools  # the refund of the reminders' tests
 
 
 CONFIG = """
