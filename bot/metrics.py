@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from nodbot.core import ApprovalRecord, ApprovalStore, Decision, Delivery
+from nodbot.core import ApprovalRecord, ApprovalRequest, Decision, Delivery
 from nodbot.core.ports import Decided, PortAnswer
 from nodbot.core.store import TIMEOUT_DECIDER, utc_now
 
@@ -55,8 +55,6 @@ RUN_BUCKETS: tuple[float, ...] = (
 """Seconds from a decision to its call: the bot's own queue (milliseconds) to a caller that
 asks for its decision much later (hours)."""
 
-APPROVED_KEPT = 10_000
-"""Approvals remembered at most, from their decision here to their call (`Metrics`)."""
 CHANNELS = frozenset({"api", "web", "slack", "email", "cli", "rules", "remembered", "timeout"})
 """Where a decision may come from (`channel` of the decision histogram)."""
 METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
@@ -188,10 +186,6 @@ class Metrics:
 
     def reset(self) -> None:
         """Every series back to nothing (a process starts so; tests start so too)."""
-        self._approved: dict[str, tuple[datetime, str, str]] = {}
-        """Approvals this process recorded, not yet taken: when, and their tool and rule
-        labels (`taken_by_run` needs no read for them); the oldest forgotten past
-        `APPROVED_KEPT`."""
         self.decision_seconds = Histogram(
             "nodbot_review_decision_seconds",
             "Seconds from a review's opening to its decision, for the decisions this process "
@@ -283,10 +277,6 @@ class Metrics:
             channel if channel in CHANNELS else OTHER,
             outcome,
         )
-        if decision.approved:
-            self._approved[record.approval_id] = (at, self.tool(request.tool), rule)
-            while len(self._approved) > APPROVED_KEPT:
-                del self._approved[next(iter(self._approved))]
 
     def timed_out(self, records: Iterable[ApprovalRecord]) -> None:
         """Reviews this process decided by their timeout (`expire_due`)."""
@@ -297,7 +287,6 @@ class Metrics:
     def taken(self, record: ApprovalRecord, consumer: str) -> None:
         """A decision taken by its call now: by a run of this bot (`run`), or handed to a
         caller that runs the tool itself (`api`)."""
-        self._approved.pop(record.approval_id, None)
         if record.decided_at is None:
             return
         at = record.consumed_at or self.clock()
@@ -308,29 +297,21 @@ class Metrics:
             consumer,
         )
 
-    async def taken_by_run(self, store: ApprovalStore, answer: PortAnswer) -> PortAnswer:
-        """`answer` as is, once an approval a run of this bot took now is observed (`taken`).
-        When it was decided is known without a read when this process recorded it (the
-        common case: the bot's own channels); otherwise its record is read. A read that
-        fails is not the run's failure: the run goes on, unobserved."""
+    def taken_by_run(self, request: ApprovalRequest, answer: PortAnswer) -> PortAnswer:
+        """`answer` as is, once an approval a run of this bot took now (for `request`) is
+        observed: from when it was decided, which the port's answer carries."""
         if (
-            not isinstance(answer, Decided)
-            or answer.approval_id is None
-            or answer.kept is not None
-            or not answer.decision.approved
+            isinstance(answer, Decided)
+            and answer.decided_at is not None
+            and answer.kept is None
+            and answer.decision.approved
         ):
-            return answer
-        known = self._approved.pop(answer.approval_id, None)
-        if known is not None:
-            at, tool, rule = known
-            seconds = (self.clock() - at).total_seconds()
-            self.run_seconds.observe(seconds, tool, rule, "run")
-            return answer
-        try:
-            record = await store.get(answer.approval_id)
-        except Exception:
-            return answer
-        self.taken(record, "run")
+            self.run_seconds.observe(
+                (self.clock() - answer.decided_at).total_seconds(),
+                self.tool(request.tool),
+                self.rule(request.policy),
+                "run",
+            )
         return answer
 
     def ruled(self, tool: str, decision: Decision) -> None:

@@ -16,6 +16,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Protocol, TypeAlias, runtime_checkable
 
 from pydantic_core import to_jsonable_python
@@ -61,6 +62,8 @@ class Decided:
     """The result of the call's run, kept with the consumed approval by a process that ran
     it and could not save its run (`ApprovalStore.keep_results`): the call is answered with
     it, and the tool is not run again."""
+    decided_at: datetime | None = None
+    """When the stored approval was decided (None without one)."""
 
 
 @dataclass(frozen=True)
@@ -217,8 +220,13 @@ class DeferredApproval:
         assert record.decision is not None  # a claim only takes decided records
         if claim.outcome == "ran":
             self._in_flight.pop(record.approval_id, None)
-            return Decided(record.decision, record.approval_id, kept=claim.result)
-        return Decided(record.decision, record.approval_id)
+            return Decided(
+                record.decision,
+                record.approval_id,
+                kept=claim.result,
+                decided_at=record.decided_at,
+            )
+        return Decided(record.decision, record.approval_id, decided_at=record.decided_at)
 
     async def _taken_unanswered(self, request: ApprovalRequest) -> Decided | None:
         """The decision this port took for the call by a claim whose answer was lost (the
@@ -242,7 +250,7 @@ class DeferredApproval:
             "approval %s was taken by a claim whose answer was lost; its call takes it now",
             record.approval_id,
         )
-        return Decided(record.decision, record.approval_id)
+        return Decided(record.decision, record.approval_id, decided_at=record.decided_at)
 
     def _wait_in_flight(self, approval_id: str) -> None:
         """Raise `CallInFlight` while the call found in use may yet get its result kept."""

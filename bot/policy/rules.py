@@ -137,7 +137,7 @@ class RulesPort(DeferredApproval):
         # The executor's: its arguments are the tool's model's validated ones already.
         ruled = await self.rule(request, judged=Judged(request.arguments))
         if ruled.decision is None:
-            return await METRICS.taken_by_run(self.store, await super().request(ruled.request))
+            return METRICS.taken_by_run(ruled.request, await super().request(ruled.request))
         if ruled.evidence is None:
             # Recorded nowhere else (the outbox logs the decisions it records); a call that
             # needs no review is not one: the run's step says it ran.
@@ -167,7 +167,7 @@ class RulesPort(DeferredApproval):
                     evidence=ruled.evidence,
                 )
                 METRICS.decided(decided, REMEMBERED)
-        return await METRICS.taken_by_run(self.store, await super().request(ruled.request))
+        return METRICS.taken_by_run(ruled.request, await super().request(ruled.request))
 
     async def open_review(
         self, request: ApprovalRequest, *, judged: Judged | None = None
