@@ -1,4 +1,5 @@
-"""`nodbot approvals list|show|decide`: the approvals of a configuration's store, from a shell.
+"""`nodbot approvals list|show|decide|bulk`: the approvals of a configuration's store, from a
+shell.
 
 `list` and `show` give a reviewer's edit beside the original values (`amount 120.0 → 100`),
 since the edited values are what ran; `show` gives the review's deadline and what it then
@@ -10,6 +11,12 @@ for scripts.
 A decision made here is a vote like one made over the API (channel `cli`), allowed by the
 same rules; a running bot picks it up (at once on PostgreSQL, within `workers.poll` on
 SQLite).
+
+`bulk approve|deny ID...` decides up to `MAX_ITEMS` reviews in one command
+(`bot.bulk.Decider`), each one authorized and recorded on its own, in the order given: one
+line each (the id, its outcome, why) and a summary line, or with `--json` the document
+`POST /approvals/decide` answers. It exits 0 when every review was decided, 1 when some were
+not, and 2 for a list that is not accepted (checked before anything is read or recorded).
 """
 
 from __future__ import annotations
@@ -22,9 +29,17 @@ from collections.abc import Sequence
 from datetime import UTC
 from typing import Any
 
+from nodbot.bot.bulk import MAX_ITEMS, Decider, bulk_problem
 from nodbot.bot.config import Config, load_agents, load_config
-from nodbot.bot.http.schemas import ApprovalView, approvals_of
-from nodbot.bot.policy.authorize import authorizer_for
+from nodbot.bot.forms import MAX_REASON
+from nodbot.bot.http.schemas import (
+    ApprovalView,
+    BulkDecideView,
+    BulkItemView,
+    approvals_of,
+    bulk_view,
+)
+from nodbot.bot.policy.authorize import Authorizer, authorizer_for
 from nodbot.bot.slack.channel import SlackChannel
 from nodbot.bot.store import store_for
 from nodbot.core import (
@@ -43,9 +58,17 @@ from nodbot.core import (
 from nodbot.core.remembered import RememberedApproval
 from nodbot.core.store import TIMEOUT_DECIDER
 
-__all__ = ["add_approvals_commands", "run_approvals_command"]
+__all__ = ["add_approvals_commands", "bulk_mistake", "run_approvals_command", "run_bulk_command"]
 
 CHANNEL = "cli"
+
+BULK_EXIT_STATUSES = (
+    "exit status: 0 every review listed was decided; 1 some were not (refused, already "
+    "decided, not found, ...), or the store cannot be used (the reviews before that stay "
+    f"decided); 2 a bad input (no ids, more than {MAX_ITEMS}, an id listed twice or "
+    "empty, a mistake in the command line or the configuration file), and nothing is "
+    "decided."
+)
 
 
 class RefusedError(NodbotError):
@@ -55,7 +78,7 @@ class RefusedError(NodbotError):
 
 
 def add_approvals_commands(commands: Any) -> None:
-    """Add `approvals list|show|decide` to the `nodbot` parser."""
+    """Add `approvals list|show|decide|bulk|remembered|forget` to the `nodbot` parser."""
     approvals = commands.add_parser("approvals", help="list, show and decide approvals")
     actions = approvals.add_subparsers(dest="action", metavar="ACTION", required=True)
     listing = actions.add_parser("list", help="approvals in creation order")
@@ -73,6 +96,7 @@ def add_approvals_commands(commands: Any) -> None:
     decide.add_argument("--as", dest="principal", required=True, help="who decides")
     decide.add_argument("--arguments", help="for edit: a JSON object, e.g. '{\"amount\": 100}'")
     decide.add_argument("--reason", help="why (the model is told, for a deny)")
+    _add_bulk_command(actions)
     remembered = actions.add_parser(
         "remembered", help="the approvals reviewers asked to remember, still in force"
     )
@@ -81,6 +105,105 @@ def add_approvals_commands(commands: Any) -> None:
     forget.add_argument("remember_id", help="as `approvals remembered` lists it (rem_...)")
     for parser in (listing, show, decide, remembered, forget):
         parser.add_argument("--config", default="nodbot.yml", metavar="FILE")
+
+
+def _add_bulk_command(actions: Any) -> None:
+    """`approvals bulk approve|deny ID [ID ...]`."""
+    bulk = actions.add_parser(
+        "bulk",
+        help=f"approve or deny several approvals at once (at most {MAX_ITEMS})",
+        description=f"Approve or deny each approval listed (at most {MAX_ITEMS}), one by one "
+        "in the order given, each allowed by the rules as `approvals decide` would be and "
+        "recorded on its own (channel cli); one that is refused, unknown or decided already "
+        "does not stop the rest. Prints one line per approval (its id, its outcome, why) "
+        "and a summary line. Edits are one at a time: `approvals decide`.",
+        epilog=BULK_EXIT_STATUSES,
+    )
+    bulk.add_argument(
+        "decision", choices=["approve", "deny"], help="the same for every approval listed"
+    )
+    bulk.add_argument(
+        "approval_ids", nargs="+", metavar="ID", help="the approvals, each listed once"
+    )
+    bulk.add_argument(
+        "--as",
+        dest="principal",
+        required=True,
+        metavar="WHO",
+        help="who decides: a Slack user id or an email address, as in the rules' reviewers",
+    )
+    bulk.add_argument(
+        "--reason", help="why, recorded with each decision (the model is told, for a deny)"
+    )
+    bulk.add_argument(
+        "--json",
+        action="store_true",
+        help="print the document POST /approvals/decide answers instead of lines",
+    )
+    bulk.add_argument("--config", default="nodbot.yml", metavar="FILE")
+
+
+def bulk_mistake(arguments: argparse.Namespace) -> str | None:
+    """`approvals bulk`: what is wrong with its list of ids (`bulk_problem`) or its
+    `--reason`, or None. Checked before the configuration is read."""
+    problem = bulk_problem(arguments.approval_ids)
+    if problem is not None:
+        return problem
+    reason = arguments.reason
+    if reason is not None and len(reason) > MAX_REASON:
+        return f"argument --reason: at most {MAX_REASON} characters, not {len(reason)}"
+    return None
+
+
+async def run_bulk_command(arguments: argparse.Namespace) -> int:
+    """Run `approvals bulk`: print each approval's outcome (or the JSON document) and
+    return the exit status, 0 when every one was decided, else 1. Raises `NodbotError`s
+    (a `StoreError` when the store fails: the approvals before it stay decided)."""
+    config = load_config(arguments.config)
+    async with store_for(config) as store:
+        registry, authorizer = _deciding(config, store)
+        decider = Decider(store, registry, authorizer, CHANNEL)
+        outcomes = await decider.decide_many(
+            arguments.approval_ids,
+            approved=arguments.decision == "approve",
+            who=arguments.principal,
+            reason=arguments.reason,
+            evidence={"os_user": _os_user()},
+        )
+        view = await bulk_view(store, outcomes)
+    if arguments.json:
+        print(json.dumps(view.model_dump(mode="json"), ensure_ascii=False, indent=2))
+    else:
+        print(_bulk_lines(view))
+    return 0 if view.not_decided == 0 else 1
+
+
+def _bulk_lines(view: BulkDecideView) -> str:
+    """One line per approval (id, outcome, why), aligned, and a summary line."""
+    rows = [(item.approval_id, item.status, _why(item)) for item in view.results]
+    id_width = max(len(row[0]) for row in rows)
+    status_width = max(len(row[1]) for row in rows)
+    lines = [
+        f"{approval_id.ljust(id_width)}  {status.ljust(status_width)}  {why}".rstrip()
+        for approval_id, status, why in rows
+    ]
+    count = len(rows)
+    lines.append(
+        f"{count} review{'' if count == 1 else 's'}: {view.decided} decided, "
+        f"{view.not_decided} not decided"
+    )
+    return "\n".join(lines)
+
+
+def _why(item: BulkItemView) -> str:
+    """What became of a decided approval (approved, denied, or a vote so far), or why it
+    was not decided."""
+    view = item.approval
+    if item.status != "decided" or view is None:
+        return item.error or ""
+    if view.status != "pending":
+        return view.status
+    return f"voted: {view.approvals} of {view.approvals_required} approvals, still pending"
 
 
 async def run_approvals_command(arguments: argparse.Namespace) -> str:
@@ -126,11 +249,7 @@ async def _decide(config: Config, store: SqlApprovalStore, arguments: argparse.N
     )
     decision = answer.to_decision(arguments.principal)
     record = await store.get(arguments.approval_id)
-    # The agents' tools validate an edit, as over the API.
-    agents, _ = load_agents(config)
-    registry = ToolRegistry.merged(agent.tools for agent in agents.values())
-    slack = SlackChannel(config.slack, store, registry) if config.slack is not None else None
-    authorizer = authorizer_for(config, slack, runs=store)
+    registry, authorizer = _deciding(config, store)
     verdict = await authorizer.check(arguments.principal, record, decision)
     evidence = {"os_user": _os_user()}
     if verdict.refusal is not None:
@@ -152,6 +271,15 @@ async def _decide(config: Config, store: SqlApprovalStore, arguments: argparse.N
         evidence=verdict.evidence(evidence),
     )
     return _describe(decided, await store.events(decided.approval_id))
+
+
+def _deciding(config: Config, store: SqlApprovalStore) -> tuple[ToolRegistry, Authorizer]:
+    """The tools of the configuration's agents (they validate an edit, as over the API) and
+    the authorizer of the bot (with Slack's directory when it has Slack)."""
+    agents, _ = load_agents(config)
+    registry = ToolRegistry.merged(agent.tools for agent in agents.values())
+    slack = SlackChannel(config.slack, store, registry) if config.slack is not None else None
+    return registry, authorizer_for(config, slack, runs=store)
 
 
 def _delivery_line(delivery: Delivery) -> str:

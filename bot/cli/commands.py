@@ -13,7 +13,12 @@ from collections.abc import Sequence
 from typing import Any, NoReturn
 
 from nodbot.bot import DOCS_URL
-from nodbot.bot.cli.approvals import add_approvals_commands, run_approvals_command
+from nodbot.bot.cli.approvals import (
+    add_approvals_commands,
+    bulk_mistake,
+    run_approvals_command,
+    run_bulk_command,
+)
 from nodbot.bot.cli.audit import (
     AuditCommandError,
     add_audit_commands,
@@ -373,14 +378,25 @@ def _decision_mistake(arguments: argparse.Namespace) -> str | None:
     return None
 
 
+def _approvals_mistake(arguments: argparse.Namespace) -> tuple[str, str | None]:
+    """`approvals bulk` and `approvals decide`: the command, and what is wrong with its input
+    beyond what argparse checks (None: nothing)."""
+    if arguments.action == "bulk":
+        return "bulk", bulk_mistake(arguments)
+    if getattr(arguments, "principal", None) is not None:
+        # `decide`, whose positional `action` (approve, edit, deny) took the group's `action`.
+        return "decide", _decision_mistake(arguments)
+    return arguments.action, None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command; returns the exit status."""
     parser = build_parser()
     arguments = parser.parse_args(argv)
-    if arguments.command == "approvals" and getattr(arguments, "principal", None) is not None:
-        mistake = _decision_mistake(arguments)
+    if arguments.command == "approvals":
+        command, mistake = _approvals_mistake(arguments)
         if mistake is not None:
-            prog = "nodbot approvals decide"
+            prog = f"nodbot approvals {command}"
             parser.exit(USAGE_ERROR, f"{prog}: error: {mistake} (see {prog} --help)\n")
     if arguments.command is None:
         parser.print_help(sys.stdout)
@@ -400,6 +416,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if arguments.command == "serve":
             _serve(arguments.config, arguments.host, arguments.port)
+        elif arguments.command == "approvals" and arguments.action == "bulk":
+            return asyncio.run(run_bulk_command(arguments))
         elif arguments.command == "approvals":
             print(asyncio.run(run_approvals_command(arguments)))
         elif arguments.command == "runs":

@@ -7,12 +7,19 @@
 | `GET /approvals`               | approvals:read   | the approvals, filtered               |
 | `GET /approvals/{id}`          | approvals:read   | one approval with its events          |
 | `POST /approvals/{id}/decide`  | approvals:decide | the approval, decided                 |
+| `POST /approvals/decide`       | approvals:decide | each listed approval's outcome        |
 | `POST /email/inbound`          | email:ingest     | 202 and what the reply did            |
 
 A decision is recorded with `decided_by` set to the token's name and channel `api`, through
 `Executor.decide`, so an edit is validated with the tool's model before anything is recorded.
 A token with the scope `runs:write-as` may have started any run for someone else, and the run
 keeps only its requester: such a token may deny calls, never approve or edit them.
+
+`POST /approvals/decide` approves or denies up to `bot.bulk.MAX_ITEMS` approvals in one
+request (`bot.bulk.Decider`): each is authorized, recorded (its own events, its own
+transaction) and answered on its own, in the order listed, and one that is refused or
+already decided does not stop the rest. Edits stay one at a time. A list that is not
+accepted (empty, too long, an id twice) is a 422 and nothing is recorded.
 
 Every route's body is limited (`bot.http.limits`), and `/slack/events` checks Slack's
 signature on the raw body before Bolt parses it.
@@ -34,6 +41,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from nodbot.bot.bulk import Decider
 from nodbot.bot.config import ApiToken
 from nodbot.bot.http.access import AccessLog
 from nodbot.bot.http.auth import ApiError, TokenTable
@@ -45,13 +53,16 @@ from nodbot.bot.http.openapi import openapi_document
 from nodbot.bot.http.requests import WaitQuery, request_routes, wait_for_decision
 from nodbot.bot.http.runs import run_routes
 from nodbot.bot.http.schemas import (
+    EDITS_ONE_AT_A_TIME,
     ApprovalDetail,
     ApprovalView,
+    BulkDecideBody,
     DecideBody,
     ErrorBody,
     EventView,
     HealthView,
     ListQuery,
+    bulk_view,
 )
 from nodbot.bot.metrics import METRICS
 from nodbot.bot.policy.authorize import AuthorizeDecision, Verdict
@@ -140,6 +151,7 @@ def create_app(
         Route("/healthz", api.health, methods=["GET"]),
         Route("/readyz", api.health, methods=["GET"]),
         Route("/approvals", api.list, methods=["GET"]),
+        Route("/approvals/decide", api.decide_many, methods=["POST"]),
         Route("/approvals/{approval_id}", api.get, methods=["GET"]),
         Route("/approvals/{approval_id}/decide", api.decide, methods=["POST"]),
     ]
@@ -200,6 +212,7 @@ class _ApprovalsApi:
         on_decided: Callable[[], None] | None,
     ) -> None:
         self.store = store
+        self.registry = registry
         self._made_pending: Callable[[str], ApprovalRecord | None] | None = getattr(
             store, "made_pending", None
         )
@@ -274,8 +287,8 @@ class _ApprovalsApi:
             why = NOT_REMEMBERED if body.action == "approve" else "only an approve is remembered"
             raise ApiError(422, why, details={"approval_id": record.approval_id})
         verdict = await self.authorize(principal, record, decision)
-        if verdict.refusal is None and decision.approved and "runs:write-as" in token.scopes:
-            verdict = Verdict(verdict.person, STARTS_FOR_OTHERS_REASON)
+        if verdict.refusal is None and "runs:write-as" in token.scopes:
+            verdict = _starts_for_others(record, decision, verdict)
         evidence = verdict.evidence({"token": principal})
         if verdict.refusal is not None:
             METRICS.refused(CHANNEL, verdict.refusal)
@@ -335,6 +348,42 @@ class _ApprovalsApi:
             view = ApprovalView.of(decided)
         return json_response(view)
 
+    async def decide_many(self, request: Request) -> Response:
+        """`POST /approvals/decide`: approve or deny each approval listed, as the token's
+        name, one by one in the order listed (`Decider`, channel `api`, the same checks as
+        `decide`); 200 with each one's outcome, whatever they are. Raises `ApiError`: 422
+        for a body that is not accepted (nothing is recorded then), 401 and 403 for the
+        token.
+
+        A store that fails midway is a 503, like any route's: the approvals before it are
+        decided and recorded (each in a transaction of its own) and the rest are not;
+        sending the same request again answers the recorded ones `already_decided` (or
+        `already_voted`) and decides the others."""
+        token = self.tokens.require_token(request, "approvals:decide")
+        data = await json_body(request)
+        if isinstance(data, dict) and data.get("action") == "edit":
+            errors = [{"field": "action", "message": EDITS_ONE_AT_A_TIME}]
+            raise ApiError(422, EDITS_ONE_AT_A_TIME, details={"errors": errors})
+        body = parse(BulkDecideBody, data, "invalid bulk decision")
+        check = _starts_for_others if "runs:write-as" in token.scopes else None
+        decider = Decider(
+            self.store,
+            self.registry,
+            self.authorize,
+            CHANNEL,
+            on_decided=self.on_decided,
+            check=check,
+        )
+        outcomes = await decider.decide_many(
+            body.approval_ids,
+            approved=body.action == "approve",
+            who=token.name,
+            reason=body.reason,
+            evidence={"token": token.name},
+        )
+        self.counters["decisions"] += sum(outcome.ok for outcome in outcomes)
+        return json_response(await bulk_view(self.store, outcomes))
+
     async def _deciding(self, approval_id: str) -> ApprovalRecord:
         """The review to decide: as the store made it pending, when it still knows it (no
         read: who may decide it, and how, depends on its request alone, which never changes;
@@ -349,6 +398,14 @@ class _ApprovalsApi:
             raise ApiError(
                 404, "no approval has this id", details={"approval_id": approval_id}
             ) from None
+
+
+def _starts_for_others(record: ApprovalRecord, decision: Decision, verdict: Verdict) -> Verdict:
+    """A `runs:write-as` token's check: it may deny, never approve (it may have started the
+    run for someone else)."""
+    if decision.approved:
+        return Verdict(verdict.person, STARTS_FOR_OTHERS_REASON)
+    return verdict
 
 
 def _error(status: int, message: str, details: dict[str, Any], **headers: str) -> Response:

@@ -8,12 +8,15 @@ from typing import Any
 from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
 
+from nodbot.bot.bulk import MAX_ITEMS
 from nodbot.bot.http.requests import ConsumedView, RequestBody
 from nodbot.bot.http.runs import RunBody, RunView
 from nodbot.bot.http.schemas import (
     IDEMPOTENCY_HEADER,
     ApprovalDetail,
     ApprovalView,
+    BulkDecideBody,
+    BulkDecideView,
     DecideBody,
     ErrorBody,
     HealthView,
@@ -85,6 +88,32 @@ def _idempotency(what: str) -> dict[str, Any]:
     }
 
 
+def _bulk_answers() -> dict[str, Any]:
+    """The answers of `POST /approvals/decide`: each listed approval's outcome is in the 200;
+    the errors are of the request as a whole, and record nothing (but a 503's)."""
+    answers = _answers("200", BulkDecideView, "401", "413")
+    answers["200"]["description"] = (
+        "each approval decided or not, in the order listed, each with why not: refused by "
+        "the rules or the token, unknown, already decided, already voted"
+    )
+    for status, description in (
+        ("403", "the token lacks the scope approvals:decide"),
+        (
+            "422",
+            f"a list that is not accepted (none, more than {MAX_ITEMS}, an empty id, an id "
+            "listed twice), an edit (one at a time), or other invalid fields, each named; "
+            "nothing is recorded",
+        ),
+        (
+            "503",
+            "the store failed midway: the approvals before it are decided, the rest are "
+            "not; the same request again decides the rest",
+        ),
+    ):
+        answers[status] = {"description": description, **_json(_ref(ErrorBody))}
+    return dict(sorted(answers.items()))
+
+
 def _approval_paths() -> dict[str, Any]:
     approval_id = _param("approval_id", "path", {"type": "string"})
     query = [
@@ -113,6 +142,15 @@ def _approval_paths() -> dict[str, Any]:
                 "approvals:read",
                 _answers("200", ApprovalView, "401", "403", "422", many=True),
                 parameters=query,
+            )
+        },
+        "/approvals/decide": {
+            "post": _operation(
+                f"Approve or deny several approvals at once (at most {MAX_ITEMS}), each "
+                "authorized, recorded and answered on its own",
+                "approvals:decide",
+                _bulk_answers(),
+                requestBody={"required": True, **_json(_ref(BulkDecideBody))},
             )
         },
         "/approvals/{approval_id}": {
@@ -230,6 +268,8 @@ def openapi_document(*, with_runs: bool, with_email: bool = False) -> dict[str, 
         ApprovalDetail,
         ApprovalView,
         DecideBody,
+        BulkDecideBody,
+        BulkDecideView,
         ErrorBody,
         HealthView,
         RunBody,

@@ -7,7 +7,7 @@ import hashlib
 import re
 from collections.abc import Sequence
 from datetime import datetime
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import (
     BaseModel,
@@ -20,6 +20,7 @@ from pydantic import (
 )
 from starlette.datastructures import Headers
 
+from nodbot.bot.bulk import MAX_ITEMS, ItemStatus, bulk_problem
 from nodbot.bot.forms import MAX_ARGUMENT_TEXT, MAX_REASON, text_too_long
 from nodbot.bot.http.auth import ApiError
 from nodbot.core import (
@@ -28,18 +29,26 @@ from nodbot.core import (
     ApprovalStatus,
     ApprovalStore,
     Decision,
+    StoreError,
     ToolDecision,
     check_edit_arguments,
 )
 from nodbot.core.store import IdempotencyKey, IdempotencyKeyUsed, KeptKey
 from nodbot.core.tools import canonical_json
 
+if TYPE_CHECKING:
+    from nodbot.bot.bulk import ItemOutcome
+
 __all__ = [
+    "EDITS_ONE_AT_A_TIME",
     "IDEMPOTENCY_HEADER",
     "MAX_ARGUMENT_TEXT",
     "MAX_REASON",
     "ApprovalDetail",
     "ApprovalView",
+    "BulkDecideBody",
+    "BulkDecideView",
+    "BulkItemView",
     "DecideBody",
     "DecisionView",
     "ErrorBody",
@@ -47,6 +56,7 @@ __all__ = [
     "HealthView",
     "ListQuery",
     "approvals_of",
+    "bulk_view",
     "field_errors",
     "idempotency_key",
     "kept_by",
@@ -121,6 +131,47 @@ class DecideBody(_Model):
         """The decision this body asks for, made by `decided_by`."""
         answer = ToolDecision(action=self.action, arguments=self.arguments, message=self.reason)
         return answer.to_decision(decided_by)
+
+
+EDITS_ONE_AT_A_TIME = "edits are one at a time: use POST /approvals/{id}/decide"
+"""Why `POST /approvals/decide` refuses an edit: an edit needs its own values, checked
+against one call's tool."""
+
+MAX_ID = 200
+"""The longest approval id a bulk decision may list (the bot's are much shorter)."""
+
+ApprovalId = Annotated[str, StringConstraints(max_length=MAX_ID)]
+
+
+class BulkDecideBody(_Model):
+    """The body of `POST /approvals/decide`: one approve or deny for several reviews."""
+
+    approval_ids: list[ApprovalId] = Field(
+        json_schema_extra={"minItems": 1, "maxItems": MAX_ITEMS, "uniqueItems": True}
+    )
+    """The reviews to decide, each listed once, 1 to 100 of them; they are decided in this
+    order and answered in it."""
+    action: Literal["approve", "deny"]
+    """`approve` or `deny`, the same for every review listed; an edit is made one at a
+    time (`POST /approvals/{id}/decide`)."""
+    reason: Annotated[str, StringConstraints(max_length=MAX_REASON)] | None = None
+    """Why, at most 2,000 characters, recorded with each decision; a denied call's model is
+    told this reason."""
+
+    @field_validator("approval_ids")
+    @classmethod
+    def _a_list_to_decide(cls, approval_ids: list[str]) -> list[str]:
+        problem = bulk_problem(approval_ids)
+        if problem is not None:
+            raise ValueError(problem)
+        return approval_ids
+
+    @field_validator("action", mode="before")
+    @classmethod
+    def _no_edit(cls, action: Any) -> Any:
+        if action == "edit":
+            raise ValueError(EDITS_ONE_AT_A_TIME)
+        return action
 
 
 class DecisionView(_Model):
@@ -243,6 +294,58 @@ class ApprovalView(_Model):
         """The view of a stored record with its votes counted: the store's events are read
         for a review that needs several approvals, the others need none."""
         return cls.of(record, await votes_of(store, record))
+
+
+class BulkItemView(_Model):
+    """What became of one review listed in `POST /approvals/decide`."""
+
+    approval_id: str
+    """The review, as listed."""
+    status: ItemStatus
+    """`decided` (recorded: the decision, or a vote when the review needs several
+    approvals), `refused` (the rules or the token do not allow it: a `refused` event says
+    so), `not_found`, `already_decided`, `already_voted` (this person's vote is counted
+    already) or `invalid` (a decision the review does not accept)."""
+    error: str | None
+    """Why it was not decided, in one sentence; null when it was."""
+    approval: ApprovalView | None
+    """The review after the request (as it was, when it was not decided); null for an
+    unknown id."""
+
+
+class BulkDecideView(_Model):
+    """The answer to `POST /approvals/decide`."""
+
+    results: list[BulkItemView]
+    """One per review listed, in the order listed."""
+    decided: int
+    """How many were decided (or voted on)."""
+    not_decided: int
+    """How many were not: refused, unknown, decided already, ..."""
+
+
+async def bulk_view(store: ApprovalStore, outcomes: Sequence[ItemOutcome]) -> BulkDecideView:
+    """The answer to a bulk decision: each outcome with the view of its review, votes
+    counted (a read each for a review that needs several approvals; when that read fails,
+    the view without the count: the decisions are recorded)."""
+    results = []
+    for outcome in outcomes:
+        view = None
+        if outcome.record is not None:
+            try:
+                view = await ApprovalView.read(store, outcome.record)
+            except StoreError:
+                view = ApprovalView.of(outcome.record)
+        results.append(
+            BulkItemView(
+                approval_id=outcome.approval_id,
+                status=outcome.status,
+                error=outcome.error,
+                approval=view,
+            )
+        )
+    decided = sum(outcome.ok for outcome in outcomes)
+    return BulkDecideView(results=results, decided=decided, not_decided=len(outcomes) - decided)
 
 
 def approvals_of(record: ApprovalRecord, events: Sequence[ApprovalEvent] | None) -> int | None:
