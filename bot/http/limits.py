@@ -4,6 +4,7 @@ and Slack's signature checked on the raw bytes before anything parses them.
 | what                                   | limit                                      |
 |----------------------------------------|--------------------------------------------|
 | `POST /approvals/{id}/decide` body     | 64 KB (`DECIDE_BODY`)                      |
+| `POST /approvals/decide` body          | 64 KB (`DEFAULT_BODY`; 100 ids are ~4 KB)  |
 | `POST /runs` body                      | 256 KB (`RUNS_BODY`)                       |
 | `POST /slack/events` body              | 1 MB (`SLACK_BODY`)                        |
 | `POST /email/inbound` body             | 1 MB (`EMAIL_BODY`)                        |
