@@ -36,7 +36,9 @@ deny as the rule allows, edit when the call may be edited, each
 `<links_base>/inbox/review?token=...` signed with `web.secret` for the reviewer, the
 approval and that decision (`bot.web.signing.review_link`), expiring with the reply token.
 A link decides nothing when opened (mail scanners open links): it signs its reviewer in to
-the web inbox for that approval only, on a page whose form decides (`bot.web.app`).
+the web inbox for that approval only, on a page whose form decides (`bot.web.app`). The
+request, the reminders and the outcome also give the review's plain inbox page
+(`<links_base>/inbox/approvals/<id>`, `page`), which asks to sign in first.
 """
 
 from __future__ import annotations
@@ -50,6 +52,7 @@ from email.message import EmailMessage
 from email.policy import SMTP
 from email.utils import format_datetime
 from typing import Any
+from urllib.parse import quote
 
 import aiosmtplib
 from jinja2 import Environment, PackageLoader, StrictUndefined, select_autoescape
@@ -314,6 +317,7 @@ class EmailChannel:
             "editable": editable,
             "can_edit": can_edit,
             "links": self._links(to or delivery.address, record, token, allowed, can_edit),
+            "page": self._page(record),
             "remember": _remembering(policy) if "approve" in allowed else None,
         }
         subject = self._render("request_subject.txt", context)
@@ -321,6 +325,13 @@ class EmailChannel:
         message.set_content(self._render("request.txt", context))
         message.add_alternative(self._render("request.html", context), subtype="html")
         return message
+
+    def _page(self, record: ApprovalRecord) -> str | None:
+        """The review's page in the web inbox (it asks to sign in), or None without
+        `links_base`."""
+        if self.links_base is None:
+            return None
+        return f"{self.links_base.rstrip('/')}/inbox/approvals/{quote(record.approval_id, safe='')}"
 
     def _links(
         self, address: str, record: ApprovalRecord, token: str, allowed: list[str], can_edit: bool
@@ -370,6 +381,7 @@ class EmailChannel:
             "edited": _shown(decision.edited_args or {}),
             "approval_id": record.approval_id,
             "run_id": record.request.run_id,
+            "page": self._page(record),
         }
         message = self._envelope(delivery, token, self._render("outcome_subject.txt", context))
         replied = str((request.ref or {})["message_id"])
@@ -429,6 +441,7 @@ class EmailChannel:
             "run_id": record.request.run_id,
             "deadline": None if deadline is None else _when(deadline),
             "allowed": policy.get("allowed_decisions") or ["approve", "edit", "deny"],
+            "page": self._page(record),
         }
         subject = self._render("reminder_subject.txt", context)
         message = self._envelope(delivery, token, subject, to=request.address)

@@ -45,6 +45,12 @@ adopts the message it finds. If Slack will not show the conversation (a missing
 than a lost review. Every message a delivery recorded, also one whose delivery was given up
 after it posted, is updated once the review is decided.
 
+With `web.public_url` (`public_url`), every message links to the review's page in the web
+inbox (`bot.slack.messages.inbox_page`). Whoever watches the reviews' messages (`watchers`: the
+App Home, `bot.slack.home`) is told, after a request or escalation is posted and after the
+messages of a decided review are updated, that the review changed (`ReviewWatcher.changed`,
+called in the delivery, which must not wait for it); the watchers are closed with the channel.
+
 A `post_to` channel that the bot has not been invited to refuses the post (`not_in_channel`,
 or `channel_not_found` for a private one). The warning, and the delivery's error, name the
 channel and the two fixes (`/invite @nodbot` there, or the `chat:write.public` scope), and
@@ -60,7 +66,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, Protocol
 
 import aiohttp
 import jinja2
@@ -96,6 +102,8 @@ from nodbot.bot.slack.messages import (
     answer_text,
     decided_message,
     full_arguments,
+    inbox_page,
+    link,
     request_message,
     who,
 )
@@ -104,7 +112,14 @@ from nodbot.bot.slack.text import clip, escape
 from nodbot.core import ApprovalRecord, Delivery, NewDelivery, StoreError, ToolRegistry
 from nodbot.core.store import utc_now
 
-__all__ = ["MESSAGES_TARGET", "SlackChannel", "messages_of", "places", "slack_client"]
+__all__ = [
+    "MESSAGES_TARGET",
+    "ReviewWatcher",
+    "SlackChannel",
+    "messages_of",
+    "places",
+    "slack_client",
+]
 
 log = logging.getLogger(__name__)
 
@@ -147,6 +162,17 @@ _templates = jinja2.Environment(
 REMEMBER_WAIT = timedelta(seconds=30)
 """How long after an "Approve & remember" the update of its messages waits for the
 remembered approval to be recorded; past that, they show the approval only."""
+
+
+class ReviewWatcher(Protocol):
+    """Told when a review's Slack messages change (the App Home, `bot.slack.home`)."""
+
+    def changed(self, record: ApprovalRecord) -> None:
+        """The review was posted, or its messages updated once decided. Called in the
+        delivery: it returns at once, and does not raise."""
+
+    async def close(self) -> None:
+        """Stop what `changed` started (the channel is closing)."""
 
 
 def slack_client(
@@ -210,8 +236,14 @@ class SlackChannel:
         session: aiohttp.ClientSession | None = None,
         clock: Callable[[], datetime] = utc_now,
         delegations: Delegations | None = None,
+        public_url: str | None = None,
     ) -> None:
         self.config = config
+        self.public_url = public_url
+        """`web.public_url`: the messages link to the reviews' inbox pages under it; None,
+        no link."""
+        self.watchers: list[ReviewWatcher] = []
+        """Told when a review's messages change (see the module)."""
         self._clock = clock
         self.delegations = delegations
         """Who decides for whom (`bot.policy.delegation`), for escalations and reminders to
@@ -257,7 +289,9 @@ class SlackChannel:
     async def deliver(self, delivery: Delivery, record: ApprovalRecord) -> dict[str, Any] | None:
         try:
             if delivery.kind == "outcome":
-                return await self._update_all(record)
+                updated = await self._update_all(record)
+                self._changed(record)
+                return updated
             if delivery.kind == "answer":
                 return await self._answer(delivery, record)
             if delivery.kind == "escalation" and record.decision is not None:
@@ -265,6 +299,8 @@ class SlackChannel:
             if delivery.kind == "reminder":
                 return await self._remind(delivery, record)
             posted = await self._post(delivery, record)
+            if "messages" in posted:
+                self._changed(record)
             if delivery.kind == "escalation" and "messages" in posted:
                 return await self._escalate_to_delegates(delivery, record, posted)
             return posted
@@ -272,6 +308,13 @@ class SlackChannel:
             raise _delivery_error(exc) from exc
         except (ClientError, TimeoutError) as exc:
             raise DeliveryError(f"Slack could not be reached: {type(exc).__name__}") from exc
+
+    def _changed(self, record: ApprovalRecord) -> None:
+        for watcher in self.watchers:
+            try:
+                watcher.changed(record)
+            except Exception:  # a watcher's failure is not the delivery's
+                log.exception("a watcher of review %s failed", record.approval_id)
 
     async def _post(self, delivery: Delivery, record: ApprovalRecord) -> dict[str, Any]:
         """The review's message, then its full arguments in the thread when they were cut:
@@ -483,7 +526,11 @@ class SlackChannel:
         ]
         if any(d.status == "due" for d in posts if d.due_at <= (record.decided_at or d.due_at)):
             raise DeliveryError("a request of this review is not posted yet", retry_after=1)
-        rendered = decided_message(record, remembered_until=await self._remembered_until(record))
+        rendered = decided_message(
+            record,
+            remembered_until=await self._remembered_until(record),
+            page=inbox_page(self.public_url, record.approval_id),
+        )
         for message in messages:
             await self.client.chat_update(
                 channel=message["channel"],
@@ -719,18 +766,21 @@ class SlackChannel:
         shown = None
         if deadline is not None:
             shown = f"<!date^{int(deadline.timestamp())}^{{date_short_pretty}} {{time}}|{fallback}>"
+        page = inbox_page(self.public_url, record.approval_id)
         return _templates.get_template("reminder.txt.j2").render(
             mentions=[who(user) for user in users],
             step=reminder_step(delivery),
             limit=len(reminder_steps(record)),
             tool=escape(clip(record.request.tool, 200)),
             deadline=shown,
+            page_link=None if page is None else link(page, "its page in the inbox"),
         )
 
     def render(self, record: ApprovalRecord) -> Rendered:
         """The message of the review as it stands: the request, or the decided message."""
+        page = inbox_page(self.public_url, record.approval_id)
         if record.decision is not None:
-            return decided_message(record)
+            return decided_message(record, page=page)
         policy = record.request.policy
         allowed = policy.get("allowed_decisions") or ["approve", "edit", "deny"]
         tool = (
@@ -741,12 +791,25 @@ class SlackChannel:
         # the edit is then checked against.
         checkable = tool is not None or isinstance(policy.get("schema"), dict)
         can_edit = checkable and record.request.approvals_required == 1 and editable != []
-        # A tool this bot does not have may do anything: it gets the confirmation too.
-        destructive = tool is None or tool.effects == "destructive"
-        return request_message(record, destructive=destructive, can_edit=can_edit, allowed=allowed)
+        return request_message(
+            record,
+            destructive=self.destructive(record),
+            can_edit=can_edit,
+            allowed=allowed,
+            page=page,
+        )
+
+    def destructive(self, record: ApprovalRecord) -> bool:
+        """Whether approving the review's call may change what cannot be undone: a tool
+        marked destructive, or one this bot does not have (it may do anything)."""
+        tool = (
+            self.registry.get(record.request.tool) if record.request.tool in self.registry else None
+        )
+        return tool is None or tool.effects == "destructive"
 
     async def close(self) -> None:
-        return None
+        for watcher in self.watchers:
+            await watcher.close()
 
 
 def messages_of(ref: Mapping[str, Any] | None) -> list[dict[str, str]]:

@@ -5,6 +5,13 @@ reason) is escaped here before it reaches a template (`bot/slack/text.py`), and 
 Kit's limits: 50 blocks a message, 3,000 characters a section, 2,000 a field, 150 a header,
 24 a modal title. Arguments that do not fit whole are shown cut, and the channel posts them
 in full in the message's thread (`full_arguments`).
+
+With `web.public_url` set, every message links to the review's page in the web inbox
+(`inbox_page`: `<public_url>/inbox/approvals/<id>`, which asks to sign in): the request has an
+"Open in inbox" link button beside its decisions (`ACTION_OPEN`: Slack opens the address and
+tells the app of the click, which is only acknowledged), the decided message a link in its
+footer, a reminder a link in its text. Without it there is no link: Slack has no relative
+addresses.
 """
 
 from __future__ import annotations
@@ -15,6 +22,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
+from urllib.parse import quote
 
 import jinja2
 
@@ -28,6 +36,7 @@ __all__ = [
     "ACTION_APPROVE_REMEMBER",
     "ACTION_DENY",
     "ACTION_EDIT",
+    "ACTION_OPEN",
     "DENY_CALLBACK",
     "EDIT_CALLBACK",
     "Rendered",
@@ -37,8 +46,11 @@ __all__ = [
     "edit_modal",
     "for_how_long",
     "full_arguments",
+    "inbox_page",
+    "link",
     "remember_confirm",
     "request_message",
+    "when",
     "who",
 ]
 
@@ -46,6 +58,8 @@ ACTION_APPROVE = "nodbot.approve"
 ACTION_APPROVE_REMEMBER = "nodbot.approve_remember"
 ACTION_EDIT = "nodbot.edit"
 ACTION_DENY = "nodbot.deny"
+ACTION_OPEN = "nodbot.open"
+"""The "Open in inbox" link button: Slack opens its address; the click is only acknowledged."""
 EDIT_CALLBACK = "nodbot.edit"
 DENY_CALLBACK = "nodbot.deny"
 
@@ -93,7 +107,20 @@ def who(principal: str | None) -> str:
     return escape(principal)
 
 
-def _when(moment: datetime) -> str:
+def inbox_page(public_url: str | None, approval_id: str) -> str | None:
+    """The address of the review's page in the web inbox, under `web.public_url`; None
+    without one (Slack has no relative links)."""
+    if public_url is None:
+        return None
+    return f"{public_url.rstrip('/')}/inbox/approvals/{quote(approval_id, safe='')}"
+
+
+def link(url: str, label: str) -> str:
+    """A mrkdwn link to one of the bot's own addresses (`label` is the bot's text)."""
+    return f"<{escape(url).replace('|', '%7C')}|{label}>"
+
+
+def when(moment: datetime) -> str:
     """A time each reader sees in their own zone, with a fallback in UTC."""
     fallback = moment.strftime("%Y-%m-%d %H:%M UTC")
     return f"<!date^{int(moment.timestamp())}^{{date_short_pretty}} {{time}}|{fallback}>"
@@ -164,19 +191,24 @@ def _facts(record: ApprovalRecord) -> list[str]:
         f"*Run*\n`{escape(clip(request.run_id, 200))}`",
     ]
     if request.deadline is not None:
-        facts.append(f"*Decide by*\n{_when(request.deadline)} (then: {request.on_timeout})")
+        facts.append(f"*Decide by*\n{when(request.deadline)} (then: {request.on_timeout})")
     if request.approvals_required > 1:
         facts.append(f"*Approvals needed*\n{request.approvals_required}")
     return [clip(fact, FIELD) for fact in facts]
 
 
 def request_message(
-    record: ApprovalRecord, *, destructive: bool, can_edit: bool, allowed: Sequence[str]
+    record: ApprovalRecord,
+    *,
+    destructive: bool,
+    can_edit: bool,
+    allowed: Sequence[str],
+    page: str | None = None,
 ) -> Rendered:
     """The review request: the tool, the rule's description, the arguments, who asked, the
     run, the deadline, and the buttons the rule allows (Approve asks to confirm when the tool
     is destructive; "Approve & remember", when the rule remembers, says for how long and for
-    which arguments)."""
+    which arguments), then "Open in inbox" when `page` (`inbox_page`) is given."""
     request = record.request
     tool = escape(request.tool)
     description = request.policy.get("description")
@@ -219,16 +251,19 @@ def request_message(
         note=note,
         buttons=buttons,
         approval_id=record.approval_id,
+        page=page,
+        open_action=ACTION_OPEN,
     )
     text = clip(f"Review needed: {tool} (run {escape(request.run_id)})", TEXT)
     return Rendered(text, blocks, cut)
 
 
 def decided_message(
-    record: ApprovalRecord, *, remembered_until: datetime | None = None
+    record: ApprovalRecord, *, remembered_until: datetime | None = None, page: str | None = None
 ) -> Rendered:
     """The request after its decision: the outcome, who decided and when (and until when the
-    approval is remembered), the edited arguments, and no buttons."""
+    approval is remembered), the edited arguments, no buttons, and a link to `page`
+    (`inbox_page`) in the footer when it is given."""
     decision = record.decision
     request = record.request
     tool = escape(request.tool)
@@ -242,11 +277,11 @@ def decided_message(
         if decision.edited_args
         else "Approved"
     )
-    when = _when(record.decided_at) if record.decided_at is not None else "just now"
-    outcome = f"*{verb}* by {who(decision.decided_by)}, {when}"
+    moment = when(record.decided_at) if record.decided_at is not None else "just now"
+    outcome = f"*{verb}* by {who(decision.decided_by)}, {moment}"
     if remembered_until is not None:
         outcome += (
-            f"\nRemembered until {_when(remembered_until)}: the calls it covers are approved "
+            f"\nRemembered until {when(remembered_until)}: the calls it covers are approved "
             "at once until then."
         )
     if decision.reason:
@@ -265,7 +300,8 @@ def decided_message(
         edited=edited,
         facts=_facts(record),
         arguments=arguments,
-        footer=f"Approval `{escape(record.approval_id)}`",
+        footer=f"Approval `{escape(record.approval_id)}`"
+        + (f" · {link(page, 'Open in inbox')}" if page is not None else ""),
     )
     text = clip(f"{verb}: {tool} (run {escape(request.run_id)})", TEXT)
     return Rendered(text, blocks)

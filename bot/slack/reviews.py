@@ -19,8 +19,15 @@ channel `slack`; the workers are woken, the run goes on, and the outbox updates 
 messages. "Approve & remember" approves the same way, then remembers the approval
 (`bot.remember`); a click of it on a review whose rule remembers nothing decides nothing.
 
-One event is listened to, `member_joined_channel`: when the bot is invited to a channel that
-refused its posts (`not_in_channel`), they are tried again at once (`SlackChannel.joined`).
+One event is listened to here, `member_joined_channel`: when the bot is invited to a channel
+that refused its posts (`not_in_channel`), they are tried again at once
+(`SlackChannel.joined`). A click of a message's "Open in inbox" link button is only
+acknowledged (Slack opens the page).
+
+The same app serves the App Home tab (`bot.slack.home`: `app_home_opened`, and the Home's
+buttons, whose action ids are their own, so the binding above holds for every message button)
+and the `/nodbot` slash command (`bot.slack.commands`); both decide through one
+`bot.bulk.Decider` on channel `slack`, with the same authorizer.
 """
 
 from __future__ import annotations
@@ -37,6 +44,7 @@ from slack_bolt.adapter.socket_mode.websockets import AsyncSocketModeHandler
 from slack_bolt.async_app import AsyncAck, AsyncApp
 from slack_sdk.errors import SlackApiError
 
+from nodbot.bot.bulk import Decider
 from nodbot.bot.config import SlackConfig
 from nodbot.bot.forms import FIELD_PREFIX, EditField, edit_fields, parse_edit, reason_too_long
 from nodbot.bot.metrics import METRICS
@@ -44,11 +52,14 @@ from nodbot.bot.policy.authorize import Authorizer, Verdict
 from nodbot.bot.policy.people import IdentityUnavailable, People
 from nodbot.bot.policy.remember import NOT_REMEMBERED, remember_decision, scope_of
 from nodbot.bot.slack.channel import SlackChannel, messages_of
+from nodbot.bot.slack.commands import SlackCommands
+from nodbot.bot.slack.home import SlackHome
 from nodbot.bot.slack.messages import (
     ACTION_APPROVE,
     ACTION_APPROVE_REMEMBER,
     ACTION_DENY,
     ACTION_EDIT,
+    ACTION_OPEN,
     DENY_CALLBACK,
     EDIT_CALLBACK,
     deny_modal,
@@ -118,7 +129,16 @@ class SlackReviews:
         self.app.view(EDIT_CALLBACK)(self._edit_submitted)
         self.app.view(DENY_CALLBACK)(self._deny_submitted)
         self.app.event("member_joined_channel")(self._joined)
+        self.app.action(ACTION_OPEN)(_acknowledge)
         self.counters: dict[str, int] = {"decisions": 0}
+        self.decider = Decider(
+            self.store, self.registry, self.authorizer, CHANNEL, on_decided=self._decided
+        )
+        """Decides the App Home's and `/nodbot`'s decisions."""
+        self.home = SlackHome(channel, self.authorizer, self.decider)
+        self.home.register(self.app)
+        self.commands = SlackCommands(channel, self.authorizer, self.decider, self.home)
+        self.commands.register(self.app)
 
     # --- buttons ------------------------------------------------------------------------------
 
@@ -430,6 +450,11 @@ class SlackReviews:
             )
         except SlackApiError as exc:
             log.warning("could not tell %s: %s", click.user, exc.response.get("error"))
+
+
+async def _acknowledge(ack: AsyncAck) -> None:
+    """A click Slack only tells of (a link button): acknowledged, nothing to do."""
+    await ack()
 
 
 async def connect_socket_mode(reviews: SlackReviews, config: SlackConfig) -> AsyncSocketModeHandler:

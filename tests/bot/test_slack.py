@@ -519,6 +519,7 @@ SCOPES = {
     "conversations.history": "channels:history",  # and groups:, im:, mpim:history by kind
     "conversations.replies": "channels:history",
     "views.open": None,
+    "views.publish": None,  # the App Home
     "auth.test": None,
 }
 
@@ -531,7 +532,8 @@ async def test_the_manifest_grants_what_the_bot_calls_and_no_more(
     assert manifest["settings"]["interactivity"]["request_url"].endswith("/slack/events")
     events = manifest["settings"]["event_subscriptions"]
     assert events["request_url"].endswith("/slack/events")
-    assert events["bot_events"] == ["member_joined_channel"]  # and no scope more for it
+    # and no scope more for them (the App Home and /nodbot: tests/bot/test_slack_home.py)
+    assert events["bot_events"] == ["member_joined_channel", "app_home_opened"]
     async with slack_bot(tmp_path, monkeypatch, room=True) as bot:
         await others_are_told_no(bot)
         called = {call.method for call in bot.slack.calls}
@@ -541,7 +543,8 @@ async def test_the_manifest_grants_what_the_bot_calls_and_no_more(
     # Nothing granted that no method of the bot needs (groups:read: private channels' members;
     # the other history scopes: reading private channels, DMs and group DMs).
     by_kind = {"groups:read", "groups:history", "im:history", "mpim:history"}
-    assert granted <= {scope for scope in SCOPES.values() if scope} | by_kind
+    commands = {"commands"}  # the /nodbot slash command, not a method
+    assert granted <= {scope for scope in SCOPES.values() if scope} | by_kind | commands
 
 
 async def test_a_user_group_gets_one_message_per_member_and_its_members_decide(

@@ -17,7 +17,15 @@ The module also builds interactive payloads as Slack sends them and signs reques
 signing secret (`signed_headers`, `block_actions_payload`, `view_submission_payload`,
 `send_interactive`). Events API events go to the app as Slack sends them (`send_event`):
 signed JSON to its `events_url`, or over its Socket Mode connection; `invite` sends
-`member_joined_channel` so.
+`member_joined_channel` so, and `open_home` sends `app_home_opened`.
+
+App Home: `views.publish` keeps the last Home view published for each user (`home_view`,
+checked as Slack checks it: type `home`, at most 100 blocks), and `home_click` builds the
+`block_actions` payload of a button pressed on it. Slash commands: `slash_command_payload` and
+`command_request` build and sign the form-encoded request Slack sends, `send_command` sends it
+(to `events_url`, or over Socket Mode), and what the app sends to the command's
+`response_url` is kept (`responses`) and shown as Slack shows it: an ephemeral message to the
+user who typed the command (`ephemerals`), whose buttons `ephemeral_click` presses.
 """
 
 from __future__ import annotations
@@ -257,6 +265,77 @@ class Ephemeral:
     text: str
     blocks: list[JSON]
     thread_ts: str | None = None
+    earlier: list[tuple[str, list[JSON]]] = field(default_factory=list)
+    """Its text and blocks before each `replace_original` through a response URL."""
+    deleted: bool = False
+    """Deleted through a response URL (`delete_original`)."""
+
+    def action(self, action_id: str, value: str | None = None) -> tuple[str, JSON]:
+        """The block id and element of the interactive element `action_id` (with `value`, when
+        given) in this message."""
+        found = find_action(self.blocks, action_id, value)
+        if found is None:
+            ids = action_ids(self.blocks)
+            raise AssertionError(
+                f"no element {action_id!r} in this ephemeral message; it has {ids}"
+            )
+        return found
+
+
+@dataclass
+class HomeView:
+    """The App Home tab of one user, as the app published it (views.publish); `versions`
+    holds every view published, the last one shown."""
+
+    id: str
+    user: str
+    team_id: str
+    app_id: str
+    bot_id: str
+    hash: str
+    versions: list[JSON]
+
+    @property
+    def view(self) -> JSON:
+        return self.versions[-1]
+
+    @property
+    def blocks(self) -> list[JSON]:
+        blocks = self.view.get("blocks", [])
+        return blocks if isinstance(blocks, list) else []
+
+    def action(self, action_id: str, value: str | None = None) -> tuple[str, JSON]:
+        """The block id and element of the button `action_id` (with `value`, when given)."""
+        found = find_action(self.blocks, action_id, value)
+        if found is None:
+            ids = action_ids(self.blocks)
+            raise AssertionError(f"no element {action_id!r} ({value}) in the Home; it has {ids}")
+        return found
+
+    def to_api(self) -> JSON:
+        """The view object of views.publish, and of the payloads of clicks on it."""
+        view = self.view
+        return {
+            "id": self.id,
+            "team_id": self.team_id,
+            "type": "home",
+            "blocks": self.blocks,
+            "private_metadata": view.get("private_metadata", ""),
+            "callback_id": view.get("callback_id", ""),
+            "state": {"values": {}},
+            "hash": self.hash,
+            "title": {"type": "plain_text", "text": "View Title"},
+            "clear_on_close": False,
+            "notify_on_close": False,
+            "close": None,
+            "submit": None,
+            "previous_view_id": None,
+            "root_view_id": self.id,
+            "app_id": self.app_id,
+            "external_id": str(view.get("external_id", "")),
+            "app_installed_team_id": self.team_id,
+            "bot_id": self.bot_id,
+        }
 
 
 @dataclass
@@ -379,6 +458,25 @@ class EventSent:
     @property
     def answered(self) -> bool:
         return self.status is not None or self.ack is not None
+
+
+@dataclass
+class CommandSent:
+    """A slash command the fake sent to the app (`send_command`), and the app's answer."""
+
+    payload: dict[str, str]
+    """The command's fields, as Slack form-encodes them."""
+    via: Literal["http", "socket"]
+    status: int | None = None
+    """The HTTP status the app answered with (over HTTP)."""
+    body: str | None = None
+    """The body of the app's HTTP answer: empty, or a message Slack shows the user."""
+    ack: JSON | None = None
+    """The app's ack (over Socket Mode)."""
+
+    @property
+    def response_url(self) -> str:
+        return self.payload["response_url"]
 
 
 @dataclass
@@ -599,16 +697,18 @@ def block_errors(
     return checker.errors
 
 
-def view_errors(view: Any) -> list[str]:
-    """Slack's error messages for a modal view (empty when Slack would accept it)."""
+def view_errors(view: Any, kind: Literal["modal", "home"] = "modal") -> list[str]:
+    """Slack's error messages for a modal view, or with `kind` "home" for a Home tab view
+    (empty when Slack would accept it)."""
     checker = BlockChecker()
     if not isinstance(view, dict):
         checker.error("must provide an object", "/view")
         return checker.errors
-    if view.get("type") != "modal":
-        checker.error("must be one of modal", "/view/type")
-    checker.text(view.get("title"), MAX_VIEW_TITLE, "/view/title", plain=True)
-    for name in ("submit", "close"):
+    if view.get("type") != kind:
+        checker.error(f"must be one of {kind}", "/view/type")
+    if kind == "modal":
+        checker.text(view.get("title"), MAX_VIEW_TITLE, "/view/title", plain=True)
+    for name in ("submit", "close") if kind == "modal" else ():
         checker.text(view.get(name), MAX_VIEW_TITLE, f"/view/{name}", plain=True, required=False)
     checker.length(view.get("private_metadata"), MAX_PRIVATE_METADATA, "/view/private_metadata")
     checker.length(view.get("callback_id"), MAX_CALLBACK_ID, "/view/callback_id")
@@ -626,10 +726,13 @@ def view_errors(view: Any) -> list[str]:
     return checker.errors
 
 
-def find_action(blocks: Iterable[Any], action_id: str) -> tuple[str, JSON] | None:
-    """The block id and element with `action_id` among blocks, or None."""
+def find_action(
+    blocks: Iterable[Any], action_id: str, value: str | None = None
+) -> tuple[str, JSON] | None:
+    """The block id and element with `action_id` (and `value`, when given) among blocks, or
+    None."""
     for block_id, element in _elements(blocks):
-        if element.get("action_id") == action_id:
+        if element.get("action_id") == action_id and value in (None, element.get("value")):
             return block_id, element
     return None
 
@@ -737,18 +840,7 @@ def block_actions_payload(
     `action` is the element pressed (its text and style are copied); `message` the message
     object as Slack includes it (a bare one with `message_ts` when not given).
     """
-    element = action or {"type": "button", "text": {"type": "plain_text", "text": action_id}}
-    pressed: JSON = {
-        "action_id": action_id,
-        "block_id": block_id,
-        "text": element.get("text"),
-        "type": element.get("type", "button"),
-        "action_ts": f"{time.time():.6f}",
-    }
-    if value is not None:
-        pressed["value"] = value
-    if "style" in element:
-        pressed["style"] = element["style"]
+    pressed = _pressed(action_id, block_id, value, action)
     payload: JSON = {
         "type": "block_actions",
         "user": _user(user_id, user_name, team_id),
@@ -772,6 +864,101 @@ def block_actions_payload(
     if response_url is not None:
         payload["response_url"] = response_url
     return payload
+
+
+def _pressed(action_id: str, block_id: str, value: str | None, action: JSON | None) -> JSON:
+    """The `actions` entry of a pressed element (its text and style copied)."""
+    element = action or {"type": "button", "text": {"type": "plain_text", "text": action_id}}
+    pressed: JSON = {
+        "action_id": action_id,
+        "block_id": block_id,
+        "text": element.get("text"),
+        "type": element.get("type", "button"),
+        "action_ts": f"{time.time():.6f}",
+    }
+    if value is not None:
+        pressed["value"] = value
+    if "style" in element:
+        pressed["style"] = element["style"]
+    return pressed
+
+
+def home_actions_payload(
+    *,
+    action_id: str,
+    block_id: str,
+    value: str | None,
+    user_id: str,
+    user_name: str,
+    team_id: str,
+    view: JSON,
+    trigger_id: str | None = None,
+    api_app_id: str = "A0000000001",
+    team_domain: str = TEAM_DOMAIN,
+    action: JSON | None = None,
+) -> JSON:
+    """A `block_actions` payload of `user_id` pressing `action_id` on their App Home tab:
+    its container is the view (`view` is the Home's view object), and it has no channel, no
+    message and no response_url, as Slack sends it."""
+    return {
+        "type": "block_actions",
+        "user": _user(user_id, user_name, team_id),
+        "api_app_id": api_app_id,
+        "token": VERIFICATION_TOKEN,
+        "container": {"type": "view", "view_id": view["id"]},
+        "trigger_id": trigger_id or new_trigger_id(),
+        "team": {"id": team_id, "domain": team_domain},
+        "enterprise": None,
+        "is_enterprise_install": False,
+        "view": view,
+        "actions": [_pressed(action_id, block_id, value, action)],
+    }
+
+
+def slash_command_payload(
+    *,
+    command: str,
+    text: str,
+    user_id: str,
+    user_name: str,
+    team_id: str,
+    channel_id: str,
+    response_url: str,
+    channel_name: str = "directmessage",
+    trigger_id: str | None = None,
+    api_app_id: str = "A0000000001",
+    team_domain: str = TEAM_DOMAIN,
+) -> dict[str, str]:
+    """The fields of a slash command as Slack sends them (every value a string)."""
+    return {
+        "token": VERIFICATION_TOKEN,
+        "team_id": team_id,
+        "team_domain": team_domain,
+        "channel_id": channel_id,
+        "channel_name": channel_name,
+        "user_id": user_id,
+        "user_name": user_name,
+        "command": command,
+        "text": text,
+        "api_app_id": api_app_id,
+        "is_enterprise_install": "false",
+        "response_url": response_url,
+        "trigger_id": trigger_id or new_trigger_id(),
+    }
+
+
+def command_request(
+    payload: Mapping[str, str], secret: str, timestamp: int | str | None = None
+) -> tuple[bytes, dict[str, str]]:
+    """The body and headers of Slack's POST of a slash command to an app: the fields
+    form-encoded (not as `payload=`), signed like every request of Slack."""
+    body = urlencode(dict(payload)).encode()
+    headers = {
+        "Content-Type": "application/x-www-form-urlencoded",
+        "User-Agent": "Slackbot 1.0 (+https://api.slack.com/robots)",
+        **signed_headers(secret, body, timestamp),
+    }
+    return body, headers
 
 
 def _view_object(
@@ -1002,6 +1189,11 @@ class SlackFake:
         self.views: list[View] = []
         self.response_posts: list[ResponsePost] = []
         self._response_urls: dict[str, tuple[str, str] | None] = {}
+        # Response URLs of slash commands -> (channel, user), and of ephemeral messages.
+        self._command_urls: dict[str, tuple[str, str]] = {}
+        self._ephemeral_urls: dict[str, Ephemeral] = {}
+        self.homes: dict[str, HomeView] = {}  # user id -> their App Home, as published
+        self.commands: list[CommandSent] = []  # every slash command sent to the app
 
         # Trigger ids the fake minted (for click/submit payloads) -> (user, minted at).
         self._triggers: dict[str, tuple[str | None, float]] = {}
@@ -1045,6 +1237,7 @@ class SlackFake:
             "chat.postEphemeral": ("bot", self._chat_post_ephemeral),
             "views.open": ("bot", self._views_open),
             "views.update": ("bot", self._views_update),
+            "views.publish": ("bot", self._views_publish),
             "conversations.open": ("bot", self._conversations_open),
             "conversations.members": ("bot", self._conversations_members),
             "conversations.info": ("bot", self._conversations_info),
@@ -1267,6 +1460,46 @@ class SlackFake:
                 return view
         raise KeyError(f"no view {view_id}")
 
+    def home_view(self, user: User | str) -> HomeView | None:
+        """The App Home the app published for `user` (None: none yet)."""
+        return self.homes.get(_user_id(user))
+
+    async def wait_for_home(
+        self, user: User | str, count: int = 1, within: float = 5.0
+    ) -> HomeView:
+        """Until the app has published `user`'s Home `count` times; returns it."""
+        user_id = _user_id(user)
+
+        def published() -> int:
+            home = self.homes.get(user_id)
+            return 0 if home is None else len(home.versions)
+
+        await self.wait_until(
+            lambda: published() >= count, within, f"{count} Home view(s) of {user_id}"
+        )
+        return self.homes[user_id]
+
+    def responses(self, to: CommandSent | Ephemeral | str) -> list[ResponsePost]:
+        """What the app sent to a response URL: a command's (`CommandSent`), an ephemeral
+        message's (the URL its clicks carried), or any URL the fake handed out."""
+        if isinstance(to, CommandSent):
+            url = to.response_url
+        elif isinstance(to, Ephemeral):
+            urls = {f"/actions/{k}" for k, e in self._ephemeral_urls.items() if e is to}
+            return [p for p in self.response_posts if _path(p.url) in urls]
+        else:
+            url = to
+        return [p for p in self.response_posts if _path(p.url) == _path(url)]
+
+    async def wait_for_responses(
+        self, to: CommandSent | Ephemeral | str, count: int = 1, within: float = 5.0
+    ) -> list[ResponsePost]:
+        """Until the app sent `count` responses to `to`'s response URL (see `responses`)."""
+        await self.wait_until(
+            lambda: len(self.responses(to)) >= count, within, f"{count} response(s)"
+        )
+        return self.responses(to)
+
     async def wait_until(
         self, condition: Callable[[], bool], within: float = 5.0, what: str = "condition"
     ) -> None:
@@ -1305,6 +1538,28 @@ class SlackFake:
         if inviter is not None:
             event["inviter"] = _user_id(inviter)
         return event
+
+    def app_home_opened_event(self, user: User | str, *, tab: str = "home") -> JSON:
+        """The `app_home_opened` event of `user` opening the app's `tab` ("home" or
+        "messages"); with the view last published for them, as Slack includes it."""
+        member = self._user(user)
+        event: JSON = {
+            "type": "app_home_opened",
+            "user": member.id,
+            "channel": self.open_dm(member).id,
+            "tab": tab,
+            "event_ts": self.new_ts(),
+        }
+        home = self.homes.get(member.id)
+        if home is not None and tab == "home":
+            event["view"] = home.to_api()
+        return event
+
+    async def open_home(
+        self, user: User | str, *, tab: str = "home", within: float = 5.0
+    ) -> EventSent:
+        """`user` opens the app's Home (or Messages) tab: Slack sends `app_home_opened`."""
+        return await self.send_event(self.app_home_opened_event(user, tab=tab), within=within)
 
     def event_callback(self, event: JSON) -> JSON:
         """The envelope Slack sends an event to an app in (over HTTP, or as the payload of a
@@ -1457,6 +1712,130 @@ class SlackFake:
             team_domain=self.team_domain,
             view=view.to_api(),
         )
+
+    def home_click(self, user: User | str, action_id: str, *, value: str | None = None) -> JSON:
+        """The `block_actions` payload of `user` pressing the button `action_id` (the one
+        whose value is `value`, when given) on the Home the app published for them (it must be
+        there), with a fresh trigger id."""
+        member = self._user(user)
+        home = self.homes.get(member.id)
+        if home is None:
+            raise AssertionError(f"no Home was published for {member.id}")
+        block_id, element = home.action(action_id, value)
+        return home_actions_payload(
+            action_id=action_id,
+            block_id=block_id,
+            value=element.get("value"),
+            user_id=member.id,
+            user_name=member.name,
+            team_id=self.team_id,
+            view=home.to_api(),
+            trigger_id=self.mint_trigger(member),
+            api_app_id=self.app_id,
+            team_domain=self.team_domain,
+            action=element,
+        )
+
+    def ephemeral_click(
+        self, ephemeral: Ephemeral, action_id: str, *, value: str | None = None
+    ) -> JSON:
+        """The `block_actions` payload of its user pressing the element `action_id` of an
+        ephemeral message: no message object (Slack sends none for an ephemeral one), and a
+        response_url that can replace or delete it."""
+        block_id, element = ephemeral.action(action_id, value)
+        member = self._user(ephemeral.user)
+        key = self.new_id("R")[1:] + uuid.uuid4().hex[:8]
+        self._ephemeral_urls[key] = ephemeral
+        channel = self.channels.get(ephemeral.channel)
+        payload = block_actions_payload(
+            action_id=action_id,
+            block_id=block_id,
+            value=element.get("value"),
+            user_id=member.id,
+            user_name=member.name,
+            team_id=self.team_id,
+            channel_id=ephemeral.channel,
+            message_ts=ephemeral.message_ts,
+            trigger_id=self.mint_trigger(member),
+            api_app_id=self.app_id,
+            team_domain=self.team_domain,
+            channel_name="directmessage" if channel is None or channel.is_im else channel.name,
+            action=element,
+            response_url=f"{self.base_url}/actions/{key}",
+        )
+        payload["container"]["is_ephemeral"] = True
+        del payload["message"]
+        return payload
+
+    def slash_command(
+        self,
+        user: User | str,
+        text: str,
+        *,
+        channel: Channel | str | None = None,
+        command: str = "/nodbot",
+    ) -> dict[str, str]:
+        """The fields of `user` typing `command text` in `channel` (by default their DM with
+        the bot), with a fresh trigger id and a response_url whose messages are shown to
+        `user` only (`responses`, `ephemerals`)."""
+        member = self._user(user)
+        where = (
+            self.open_dm(member)
+            if channel is None
+            else self._channel(channel.id if isinstance(channel, Channel) else channel)
+        )
+        key = self.new_id("R")[1:] + uuid.uuid4().hex[:8]
+        self._command_urls[key] = (where.id, member.id)
+        return slash_command_payload(
+            command=command,
+            text=text,
+            user_id=member.id,
+            user_name=member.name,
+            team_id=self.team_id,
+            channel_id=where.id,
+            channel_name="directmessage" if where.is_im else where.name,
+            response_url=f"{self.base_url}/actions/{key}",
+            trigger_id=self.mint_trigger(member),
+            api_app_id=self.app_id,
+            team_domain=self.team_domain,
+        )
+
+    async def send_command(
+        self,
+        user: User | str | None = None,
+        text: str = "",
+        *,
+        channel: Channel | str | None = None,
+        command: str = "/nodbot",
+        payload: Mapping[str, str] | None = None,
+        url: str | None = None,
+        secret: str | None = None,
+        timestamp: int | str | None = None,
+        within: float = 5.0,
+    ) -> CommandSent:
+        """Send a slash command to the app as Slack does: `payload` (by default
+        `slash_command(user, text, ...)`) form-encoded and signed (with `secret`, by default
+        the fake's signing secret) to `url` (by default `events_url`, where the manifest
+        points the command), else over the app's Socket Mode connection (a `slash_commands`
+        envelope). Kept in `commands` with the app's answer."""
+        if payload is None:
+            if user is None:
+                raise AssertionError("send_command needs a user or a payload")
+            payload = self.slash_command(user, text, channel=channel, command=command)
+        target = url or self.events_url
+        if target is None and not self.open_sockets:
+            raise AssertionError("the app is not reachable: no events_url, no Socket Mode")
+        sent = CommandSent(dict(payload), "http" if target is not None else "socket")
+        self.commands.append(sent)
+        if target is not None:
+            body, headers = command_request(payload, secret or self.signing_secret, timestamp)
+            async with httpx.AsyncClient(timeout=within) as client:
+                answer = await client.post(target, content=body, headers=headers)
+            sent.status, sent.body = answer.status_code, answer.text
+        else:
+            sent.ack = await self.socket_send("slash_commands", dict(payload), within=within)
+        self._touch()
+        return sent
 
     def _user(self, user: User | str) -> User:
         user_id = _user_id(user)
@@ -1812,6 +2191,38 @@ class SlackFake:
         opened.hash = self._view_hash()
         return {"view": opened.to_api()}
 
+    def _views_publish(self, params: JSON) -> JSON:
+        """A user's App Home: kept per user (its id stays), checked as a Home view."""
+        user_id = _text(params, "user_id")
+        if not user_id or user_id not in self.users:
+            raise Refusal(
+                "invalid_arguments", response_metadata={"messages": ["invalid `user_id`"]}
+            )
+        view = _json_field(params, "view", "invalid_arguments")
+        errors = view_errors(view, "home")
+        if errors:
+            raise Refusal("invalid_arguments", response_metadata={"messages": errors})
+        assert isinstance(view, dict)
+        home = self.homes.get(user_id)
+        given_hash = _text(params, "hash")
+        if home is not None and given_hash is not None and given_hash != home.hash:
+            raise Refusal("hash_conflict")
+        if home is None:
+            home = HomeView(
+                id=self.new_id("V"),
+                user=user_id,
+                team_id=self.team_id,
+                app_id=self.app_id,
+                bot_id=self.bot_id,
+                hash=self._view_hash(),
+                versions=[view],
+            )
+            self.homes[user_id] = home
+        else:
+            home.versions.append(view)
+            home.hash = self._view_hash()
+        return {"view": home.to_api()}
+
     def _view_hash(self) -> str:
         n = next(self._counters.setdefault("hash", itertools.count(1)))
         return f"{1700000000 + n}.{hashlib.sha256(str(n).encode()).hexdigest()[:8]}"
@@ -1963,7 +2374,8 @@ class SlackFake:
 
     async def _response_url(self, request: Request) -> Response:
         key = request.path_params["key"]
-        if key not in self._response_urls:
+        known = (self._response_urls, self._command_urls, self._ephemeral_urls)
+        if not any(key in urls for urls in known):
             return Response("no_service", status_code=404, media_type="text/plain")
         try:
             body = json.loads(await request.body())
@@ -1976,6 +2388,10 @@ class SlackFake:
         blocks = body.get("blocks")
         if blocks is not None and block_errors(blocks):
             return Response("invalid_blocks", status_code=400, media_type="text/plain")
+        if key in self._command_urls:
+            return self._command_response(self._command_urls[key], body)
+        if key in self._ephemeral_urls:
+            return self._ephemeral_response(self._ephemeral_urls[key], body)
         target = self._response_urls[key]
         message = self.message(*target) if target is not None else None
         if message is not None and _flag(body.get("delete_original")):
@@ -2006,9 +2422,58 @@ class SlackFake:
             )
         return Response("ok", media_type="text/plain")
 
+    def _command_response(self, target: tuple[str, str], body: JSON) -> Response:
+        """A response to a slash command: shown to its user only (`ephemeral`, the default),
+        or posted in the channel (`in_channel`)."""
+        channel, user = target
+        if body.get("response_type") == "in_channel":
+            try:
+                self._chat_post_message({**body, "channel": channel})
+            except Refusal as refused:
+                return Response(refused.error, status_code=400, media_type="text/plain")
+            return Response("ok", media_type="text/plain")
+        blocks = body.get("blocks")
+        self.ephemerals.append(
+            Ephemeral(
+                channel=channel,
+                user=user,
+                message_ts=self.new_ts(),
+                text=str(body.get("text", "")),
+                blocks=blocks if isinstance(blocks, list) else [],
+            )
+        )
+        return Response("ok", media_type="text/plain")
+
+    def _ephemeral_response(self, ephemeral: Ephemeral, body: JSON) -> Response:
+        """A response to a click on an ephemeral message: it replaces or deletes that
+        message, or shows another one to the same user."""
+        blocks = body.get("blocks")
+        if _flag(body.get("delete_original")):
+            ephemeral.deleted = True
+        elif _flag(body.get("replace_original")):
+            ephemeral.earlier.append((ephemeral.text, ephemeral.blocks))
+            ephemeral.text = str(body.get("text", ephemeral.text))
+            ephemeral.blocks = blocks if isinstance(blocks, list) else []
+        else:
+            self.ephemerals.append(
+                Ephemeral(
+                    channel=ephemeral.channel,
+                    user=ephemeral.user,
+                    message_ts=self.new_ts(),
+                    text=str(body.get("text", "")),
+                    blocks=blocks if isinstance(blocks, list) else [],
+                )
+            )
+        return Response("ok", media_type="text/plain")
+
 
 def _user_id(user: User | str) -> str:
     return user.id if isinstance(user, User) else user
+
+
+def _path(url: str) -> str:
+    """The path of a URL the fake handed out (the same whatever host name reaches it)."""
+    return "/" + url.split("://", 1)[-1].partition("/")[2]
 
 
 def _encode_cursor(offset: int) -> str:

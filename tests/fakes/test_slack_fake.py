@@ -27,7 +27,9 @@ from tests.fakes.slack import (
     Failure,
     SlackFake,
     block_actions_payload,
+    command_request,
     interactive_request,
+    send_interactive,
     signed_headers,
     slack_fake,
     slack_signature,
@@ -744,8 +746,6 @@ async def test_a_bolt_http_endpoint_accepts_signed_payloads_and_refuses_forged_o
     from slack_bolt.adapter.starlette.async_handler import AsyncSlackRequestHandler
     from slack_bolt.async_app import AsyncApp
 
-    from tests.fakes.slack import send_interactive
-
     alice = slack.add_user("alice")
     ops = slack.add_channel("ops", [alice])
     bolt = AsyncApp(client=web_client(slack), signing_secret=slack.signing_secret)
@@ -882,3 +882,170 @@ async def test_failures_can_be_aimed_at_some_calls_only(slack: SlackFake) -> Non
     await client.chat_postMessage(channel=ops.id, thread_ts=parent["ts"], text="reply")
     assert [m.text for m in slack.messages(ops)] == ["parent", "reply"]
     assert [c.fault for c in slack.calls_to("chat.postMessage")] == [False, True, True, False]
+
+
+# --------------------------------------------------------------------------------------------
+# App Home and slash commands
+
+
+def home_view(blocks: list[JSON] | None = None) -> JSON:
+    return {"type": "home", "blocks": approval_blocks() if blocks is None else blocks}
+
+
+async def test_views_publish_keeps_each_users_home_and_checks_it_as_slack_does(
+    slack: SlackFake,
+) -> None:
+    from slack_sdk.errors import SlackApiError
+
+    alice = slack.add_user("alice")
+    bob = slack.add_user("bob")
+    client = web_client(slack)
+    first = await client.views_publish(user_id=alice.id, view=home_view())
+    assert first["view"]["type"] == "home" and first["view"]["id"].startswith("V")
+    again = await client.views_publish(
+        user_id=alice.id, view=home_view([{"type": "divider"}]), hash=first["view"]["hash"]
+    )
+    assert again["view"]["id"] == first["view"]["id"]  # one Home per user, updated
+    home = slack.home_view(alice)
+    assert home is not None and len(home.versions) == 2 and home.blocks == [{"type": "divider"}]
+    assert slack.home_view(bob) is None and await slack.wait_for_home(alice, 2) is home
+
+    async def error(**arguments: Any) -> JSON:
+        with pytest.raises(SlackApiError) as raised:
+            await client.views_publish(**arguments)
+        answer = raised.value.response.data
+        assert isinstance(answer, dict)
+        return answer
+
+    stale = await error(user_id=alice.id, view=home_view(), hash=first["view"]["hash"])
+    assert stale["error"] == "hash_conflict"
+    modal = await error(user_id=alice.id, view={**home_view(), "type": "modal"})
+    assert modal["response_metadata"]["messages"] == [
+        "[ERROR] must be one of home [json-pointer:/view/type]"
+    ]
+    too_many = await error(user_id=alice.id, view=home_view([{"type": "divider"}] * 101))
+    assert too_many["response_metadata"]["messages"] == [
+        "[ERROR] no more than 100 items allowed [json-pointer:/view/blocks]"
+    ]
+    nobody = await error(user_id="U9999999999", view=home_view())
+    assert nobody["error"] == "invalid_arguments"
+    assert len(home.versions) == 2 and slack.home_view(bob) is None
+
+
+async def test_an_opened_home_and_a_click_on_it_reach_a_bolt_app_signed(
+    slack: SlackFake,
+) -> None:
+    needs_aiohttp()
+    from slack_bolt.adapter.starlette.async_handler import AsyncSlackRequestHandler
+    from slack_bolt.async_app import AsyncApp
+
+    alice = slack.add_user("alice")
+    bolt = AsyncApp(client=web_client(slack), signing_secret=slack.signing_secret)
+    opened: list[JSON] = []
+    clicks: list[JSON] = []
+
+    @bolt.event("app_home_opened")
+    async def publish_home(event: JSON, client: AsyncWebClient) -> None:
+        opened.append(event)
+        await client.views_publish(user_id=event["user"], view=home_view())
+
+    @bolt.action("approve")
+    async def approve(ack: Any, body: JSON) -> None:
+        await ack()
+        clicks.append(body)
+
+    handler = AsyncSlackRequestHandler(bolt)
+
+    async def events(request: Request) -> Response:
+        return await handler.handle(request)
+
+    async with serving(Starlette(routes=[Route("/slack/events", events, methods=["POST"])])) as url:
+        slack.events_url = f"{url}/slack/events"
+        sent = await slack.open_home(alice)
+        assert sent.status == 200 and sent.via == "http"
+        home = await slack.wait_for_home(alice)
+        [event] = opened
+        assert event["type"] == "app_home_opened" and event["tab"] == "home"
+        assert event["user"] == alice.id and event["channel"] == slack.open_dm(alice).id
+        assert "view" not in event  # nothing was published before
+        second = slack.app_home_opened_event(alice)
+        assert second["view"]["id"] == home.id and second["view"]["type"] == "home"
+        click = slack.home_click(alice, "approve")
+        answer = await send_interactive(f"{url}/slack/events", click, slack.signing_secret)
+    assert answer.status_code == 200
+    [body] = clicks
+    assert body["container"] == {"type": "view", "view_id": home.id}
+    assert body["view"]["type"] == "home" and body["actions"][0]["value"] == "apr_1"
+    assert "channel" not in body and "message" not in body and "response_url" not in body
+    with pytest.raises(AssertionError, match="no element"):
+        slack.home_click(alice, "approve", value="apr_2")
+
+
+async def test_a_slash_command_is_signed_and_answered_through_its_response_url(
+    slack: SlackFake,
+) -> None:
+    needs_aiohttp()
+    from slack_bolt.adapter.starlette.async_handler import AsyncSlackRequestHandler
+    from slack_bolt.async_app import AsyncApp
+
+    alice = slack.add_user("alice")
+    bolt = AsyncApp(client=web_client(slack), signing_secret=slack.signing_secret)
+    commands: list[JSON] = []
+
+    @bolt.command("/nodbot")
+    async def nodbot(ack: Any, command: JSON, respond: Any) -> None:
+        await ack()
+        commands.append(command)
+        await respond(text=f"you said {command['text']}", blocks=approval_blocks())
+
+    @bolt.action("approve")
+    async def approve(ack: Any, respond: Any) -> None:
+        await ack()
+        await respond(text="Approved", replace_original=True)
+
+    handler = AsyncSlackRequestHandler(bolt)
+
+    async def events(request: Request) -> Response:
+        return await handler.handle(request)
+
+    async with serving(Starlette(routes=[Route("/slack/events", events, methods=["POST"])])) as url:
+        slack.events_url = f"{url}/slack/events"
+        forged = await slack.send_command(alice, "pending", secret="not-the-secret")
+        assert forged.status == 401 and commands == [] and slack.responses(forged) == []
+        sent = await slack.send_command(alice, "pending")
+        assert sent.status == 200 and sent.body == ""
+        [response] = await slack.wait_for_responses(sent)
+        [command] = commands
+        assert command["command"] == "/nodbot" and command["text"] == "pending"
+        assert command["user_id"] == alice.id and command["channel_id"] == slack.open_dm(alice).id
+        assert response.body["text"] == "you said pending"
+        [shown] = slack.ephemerals
+        assert (shown.user, shown.text) == (alice.id, "you said pending")
+        click = slack.ephemeral_click(shown, "approve")
+        assert click["container"]["is_ephemeral"] is True and "message" not in click
+        answer = await send_interactive(f"{url}/slack/events", click, slack.signing_secret)
+        assert answer.status_code == 200
+        await slack.wait_for_responses(shown)
+    assert shown.text == "Approved" and shown.blocks == [] and len(shown.earlier) == 1
+    assert len(slack.ephemerals) == 1  # replaced, not another message
+    body, headers = command_request(sent.payload, slack.signing_secret)
+    assert SignatureVerifier(slack.signing_secret).is_valid_request(body, headers)
+    assert parse_qs(body.decode())["text"] == ["pending"]
+
+
+async def test_a_slash_command_goes_over_socket_mode_without_an_events_url(
+    slack: SlackFake,
+) -> None:
+    alice = slack.add_user("alice")
+    async with socket_app(slack) as (app, _):
+
+        @app.command("/nodbot")
+        async def nodbot(ack: Any, command: JSON) -> None:
+            await ack(text=f"ok {command['text']}")
+
+        await slack.wait_for_socket()
+        sent = await slack.send_command(alice, "help")
+        assert sent.via == "socket" and sent.ack is not None
+        assert slack.envelopes[-1]["type"] == "slash_commands"
+        assert slack.envelopes[-1]["accepts_response_payload"] is True
+        assert sent.ack["payload"]["text"] == "ok help"
