@@ -150,7 +150,9 @@ async def _serving(
             channels.append(WebhookChannel(config.webhooks, session=outbound))
         slack_channel = None
         if config.slack is not None:
-            slack_channel = SlackChannel(config.slack, store, registry, session=outbound)
+            slack_channel = SlackChannel(
+                config.slack, store, registry, session=outbound, public_url=config.web.public_url
+            )
             channels.append(slack_channel)
         email_channel = None
         if config.email is not None:
@@ -216,6 +218,7 @@ async def _serving(
             app, log_level="warning", log_config=None, access_log=False
         )
         server = stopped.server = _Server(config_of_server)
+        server.on_shutdown = inbox.close  # its live streams would keep the server waiting
         stop = asyncio.Event()
         serving_task = asyncio.create_task(server.serve(sockets=[listening]))
         # The rest is kept running (`bot.supervise`): restarted when it ends, and said down
@@ -419,6 +422,14 @@ class _Server(uvicorn.Server):
 
     stopped_by: str | None = None
     """The name of the signal that stopped it (SIGINT, SIGTERM), if one did."""
+    on_shutdown: Callable[[], None] | None = None
+    """Called as it starts shutting down, before it waits for the open responses: what
+    would hold one open for long (the inbox's live streams) ends then."""
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        if self.on_shutdown is not None:
+            self.on_shutdown()
+        await super().shutdown(sockets)
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         with contextlib.suppress(ValueError):

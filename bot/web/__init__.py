@@ -7,8 +7,11 @@ print(sign_in_link(config, "ana@example.com"))   # needs web.secret
 ```
 
 The public API is what `__all__` lists; the modules behind it are private: `signing`
-(links, sessions, form tokens), `forms` (the edit form from a tool's schema) and `app` (the
-routes and pages, rendered from `templates/web/`).
+(links, sessions, form tokens), `app` (the routes and pages, rendered from `templates/web/`),
+`listing` (the list's filters, search and pages), `live` (its live updates, server-sent
+events), `arguments` (a review's arguments, long values folded), `history` (its events as
+people and what they did) and `slack_links` (links back to its Slack messages). The edit form
+from a tool's schema is `bot.forms`, shared with Slack.
 """
 
 from __future__ import annotations

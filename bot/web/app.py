@@ -6,7 +6,13 @@
 | `GET /inbox/review?token=...`          | checks a review email's link, sets a session for   |
 |                                        | that approval only, 303 to its page (`?action=`)   |
 | `GET /inbox`                           | the pending approvals this reviewer may decide,    |
-|                                        | then the recently decided ones                     |
+|                                        | then the decided ones they took part in: filtered, |
+|                                        | searched and paged by the query (`listing`)        |
+| `POST /inbox/decide`                   | approves or denies the reviews selected in the     |
+|                                        | list, each on its own (`bot.bulk`)                 |
+| `GET /inbox/done?act=&id=...`          | what became of each review of one such act         |
+| `GET /inbox/events`                    | the list's live updates, server-sent events        |
+|                                        | (`live`)                                           |
 | `GET /inbox/approvals/{id}`            | one approval, its events and the decision forms    |
 | `POST /inbox/approvals/{id}/decide`    | approve, edit or deny (form-encoded); an approve   |
 |                                        | with `remember=yes` is remembered too              |
@@ -20,6 +26,20 @@ never posts the form again. An approve of a destructive tool (`effects="destruct
 tool this bot does not have, as in Slack) is first sent to a confirmation step
 (`?confirm=approve`) and recorded only when its form says `confirm=yes`. Times are said
 relative to the inbox's clock ("in 14 min"), the exact time in the tag's `title`.
+
+The list's selection (`POST /inbox/decide`) approves or denies each selected review the way
+a single decision is made, through `bot.bulk.Decider` (the rule, person by person, then
+`Executor.decide`): one event and one audit record each, `decided_by` the signed-in
+reviewer, channel `web`, the evidence naming the session and the act (`act`, random). A
+selected id the reviewer may not see is answered as unknown and nothing is recorded of it.
+An approve that selects a destructive tool first shows a confirmation step listing them.
+The answer, `GET /inbox/done`, is read back from the store by the act's own events, review
+by review (decided, not allowed and why, already decided by whom), so that it is the same on
+every replica and after a restart.
+
+A page with a script of its own (the list's live updates and keys, the review's keys) has it
+inline, allowed by a nonce made for that response (`script-src 'nonce-...'`); only the list
+may fetch (`connect-src 'self'`), and every page works with scripts off.
 
 Where the call's rule has `remember:` (`bot.remember`), the approve form also offers
 "Approve and remember" (`remember=yes`, kept through the confirmation step): the approval is
@@ -63,28 +83,30 @@ browser already signed in to the whole inbox as the same reviewer keeps that ses
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 import logging
+import re
 import secrets
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any, Literal, TypeAlias
-from urllib.parse import parse_qsl, quote
+from urllib.parse import parse_qsl, quote, urlencode
 
 from jinja2 import Environment, PackageLoader, StrictUndefined, select_autoescape
 from starlette.requests import Request
-from starlette.responses import HTMLResponse, RedirectResponse, Response
+from starlette.responses import HTMLResponse, RedirectResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from nodbot.bot.bulk import MAX_ITEMS, Decider, ItemOutcome, bulk_problem
 from nodbot.bot.config import WebConfig
 from nodbot.bot.forms import (
     MAX_REASON,
     EditField,
     edit_fields,
-    is_long,
     parse_edit,
     reason_too_long,
     shown,
@@ -98,14 +120,18 @@ from nodbot.bot.policy.people import IdentityUnavailable, People
 from nodbot.bot.policy.remember import NOT_REMEMBERED, remember_decision, remembered_of, scope_of
 from nodbot.bot.policy.rules import SELF_APPROVAL_REASON, rule_refusal
 from nodbot.bot.service import BotService
+from nodbot.bot.web.arguments import argument_rows
+from nodbot.bot.web.history import EventView, event_view, handles_to_name, name_of_person
+from nodbot.bot.web.listing import AGES, PAGE_SIZE, QueryError, list_page, parse_query
+from nodbot.bot.web.live import LiveUpdates, StreamRefused
 from nodbot.bot.web.signing import ReviewLink, Session, Signer, TokenError, link_for
+from nodbot.bot.web.slack_links import SlackMessage, Workspace, slack_messages
 from nodbot.core import (
     ApprovalAlreadyDecided,
     ApprovalAlreadyVoted,
     ApprovalEvent,
     ApprovalNotFound,
     ApprovalRecord,
-    ApprovalStatus,
     ApprovalStore,
     Decision,
     DeferredApproval,
@@ -121,6 +147,7 @@ from nodbot.core import (
     UnknownToolError,
 )
 from nodbot.core.delegations import Delegation, DelegationNotFound
+from nodbot.core.outbox import Outbox
 from nodbot.core.remembered import RememberedApproval, RememberedNotFound
 from nodbot.core.store import SessionRevocations, utc_now
 
@@ -132,12 +159,15 @@ log = logging.getLogger(__name__)
 
 CHANNEL = "web"
 COOKIE = "nodbot_session"
-RECENT = 20
-DECIDED_WINDOW = 500
-"""How many of the newest approvals and of the newest denials the inbox looks through for
-the recently decided ones the reviewer took part in."""
-"""How many decided approvals the inbox lists."""
 MAX_FORM_BYTES = 1_000_000
+MAX_ID = 64
+"""The longest approval id a bulk form may select (the store's are 32 characters)."""
+REFRESH = 30
+"""Seconds after which the list reloads itself when scripts are off."""
+NAMES_WAIT = 2.0
+"""Seconds a review's page waits, in all, for the names of the handles in its history."""
+MAX_NAMED = 20
+"""The most handles of one page's history whose names are asked for."""
 
 Action: TypeAlias = Literal["approve", "edit", "deny"]
 ACTIONS: tuple[Action, ...] = ("approve", "edit", "deny")
@@ -148,18 +178,32 @@ HOW_TO_SIGN_IN = (
     "it in this browser."
 )
 
+_CSP = (
+    "default-src 'none'; {scripts}style-src 'unsafe-inline'; form-action 'self'; "
+    "frame-ancestors 'none'; base-uri 'none'"
+)
 _HEADERS = {
     # No script runs on these pages and nothing is loaded from elsewhere; no other site may
-    # frame them (a framed Approve button could be clicked unknowingly).
-    "Content-Security-Policy": (
-        "default-src 'none'; style-src 'unsafe-inline'; form-action 'self'; "
-        "frame-ancestors 'none'; base-uri 'none'"
-    ),
+    # frame them (a framed Approve button could be clicked unknowingly). A page with a
+    # script of its own (`_SCRIPTED`) says so in its own header, with its nonce.
+    "Content-Security-Policy": _CSP.format(scripts=""),
     "X-Frame-Options": "DENY",
     "X-Content-Type-Options": "nosniff",
     "Referrer-Policy": "no-referrer",
     "Cache-Control": "no-store",
 }
+
+
+_SCRIPTED = {"inbox.html": True, "approval.html": False}
+"""The pages whose inline script (the keyboard's, the list's live updates) runs, allowed by
+a nonce made for each response; True: the script may fetch from the bot too."""
+
+
+def _csp(nonce: str, connect: bool) -> str:
+    """The Content-Security-Policy of a page with a script: that of every page, and only
+    the scripts that carry `nonce` (and, with `connect`, fetches of this site's own pages)."""
+    scripts = f"script-src 'nonce-{nonce}'; " + ("connect-src 'self'; " if connect else "")
+    return _CSP.format(scripts=scripts)
 
 
 class PageError(Exception):
@@ -209,9 +253,14 @@ class WebInbox:
         self.secure = (web.public_url or "").startswith("https://")
         self.counters: dict[str, int] = {"decisions": 0}
         self._clock = clock
+        self.decider = Decider(store, registry, authorize, CHANNEL, on_decided=self._decided)
+        """Decides the list's selected reviews, each as a single decision is (`bot.bulk`)."""
+        self.live = LiveUpdates(store, self._may_decide)
+        """The list's live updates (`bot.web.live`); `close` ends them."""
         self.sessions = _revocations_of(store)
         """Where ended sessions are kept: the store's, seen by every replica."""
         self._schemas: dict[str, dict[str, Any]] = {}  # tool -> its arguments' JSON schema
+        self._workspace = Workspace()  # the Slack workspace's address, for message links
         self.templates = Environment(
             # Package data of `nodbot`, in the repository and in an installed wheel alike.
             loader=PackageLoader("nodbot", "templates/web"),
@@ -232,10 +281,18 @@ class WebInbox:
         bot's address, used unless `web.public_url` is set. Raises `SignInLinkError`."""
         return link_for(self.signer, self.web, principal, base)
 
+    def close(self) -> None:
+        """End the list's live streams now, and open no more: the server is stopping, and
+        waits for every open response."""
+        self.live.close()
+
     def routes(self) -> list[Route]:
         """The inbox's routes, all under `/inbox`."""
         return [
             Route("/inbox", self._page(self.inbox), methods=["GET"]),
+            Route("/inbox/decide", self._page(self.decide_selected), methods=["POST"]),
+            Route("/inbox/done", self._page(self.done), methods=["GET"]),
+            Route("/inbox/events", self._page(self.events), methods=["GET"]),
             Route("/inbox/login", self._page(self.login), methods=["GET"]),
             Route("/inbox/review", self._page(self.review), methods=["GET"]),
             Route("/inbox/logout", self._page(self.logout), methods=["POST"]),
@@ -331,31 +388,160 @@ class WebInbox:
         )
 
     async def inbox(self, request: Request) -> Response:
+        """The list: pending reviews the reviewer may decide, then decided ones they took
+        part in, filtered and paged by the query (`bot.web.listing`)."""
         session = await self._session(request)
         _within(session, None)
+        try:
+            query = parse_query(request.query_params.multi_items())
+        except QueryError as exc:
+            raise PageError(
+                422,
+                "Filters not understood",
+                f"The list was not shown: {'; '.join(exc.problems)}. Change the filters, or "
+                "open the inbox without them.",
+            ) from None
         who = session.principal
-        pending = []
-        for record in await self.store.list(status="pending"):
-            person, actions = await self._actions(who, record)
-            if any(reason is None for reason in actions.values()):
-                votes = await self._votes(record)
-                voted = any(person in (e.person, e.actor) for e in votes)
-                pending.append(
-                    {"record": record, "votes": [_voter(e) for e in votes], "voted": voted}
-                )
-        statuses: tuple[ApprovalStatus, ...] = ("approved", "denied")
-        # The newest decisions only: the store may hold years of them.
-        decided = [
-            record
-            for status in statuses
-            for record in await self.store.list(
-                status=status, limit=DECIDED_WINDOW, newest_first=True
-            )
-            if await self._involved(who, record)
-        ]
-        decided.sort(key=lambda record: record.decided_at or record.created_at, reverse=True)
+
+        async def may_decide(record: ApprovalRecord) -> bool:
+            return await self._may_decide(who, record)
+
+        async def involved(record: ApprovalRecord) -> bool:
+            return await self._involved(who, record)
+
+        found = await list_page(
+            self.store,
+            query,
+            now=_moment(self._clock()),
+            may_decide=may_decide,
+            involved=involved,
+        )
         return self._render(
-            "inbox.html", 200, session, pending=pending, decided=decided[:RECENT], recent=RECENT
+            "inbox.html",
+            200,
+            session,
+            query=query,
+            listing=found,
+            pending=[await self._pending_row(who, record) for record in found.pending],
+            decided=found.decided,
+            version=await self.live.version(who),
+            ages=AGES,
+            page_size=PAGE_SIZE,
+            refresh=REFRESH,
+            max_items=MAX_ITEMS,
+        )
+
+    async def decide_selected(self, request: Request) -> Response:
+        """Approve or deny the reviews selected in the list, each authorized and recorded on
+        its own (`bot.bulk.Decider`), then 303 to what became of each (`done`)."""
+        session = await self._session(request)
+        _within(session, None)
+        pairs = await _form_pairs(request)
+        form = _first_values(pairs)
+        self._check_csrf(session, form)
+        who = session.principal
+        action = form.get("action", "")
+        if action not in ("approve", "deny"):
+            raise PageError(
+                422,
+                "Unknown decision",
+                f"The form asked for {action[:40]!r}; selected reviews are approved or denied "
+                "(an edit is made on the review's own page). Nothing was recorded.",
+            )
+        ids = [value for name, value in pairs if name == "id"]
+        problem = _selection_problem(ids)
+        if problem is not None:
+            raise PageError(422, "Nothing decided", f"{problem}. Nothing was recorded.")
+        reason = form.get("reason", "").strip() or None
+        too_long = reason_too_long(reason)
+        if too_long is not None:
+            said = f"{too_long[0].upper()}{too_long[1:]}"
+            raise PageError(422, "Reason too long", f"{said}: nothing was recorded.")
+        # What the reviewer may not see is answered as unknown: neither decided nor refused,
+        # so that nothing tells it exists.
+        seen = [found for found in [await self._seen(who, i) for i in ids] if found is not None]
+        if action == "approve" and form.get("confirm") != "yes":
+            destructive = [r for r in seen if r.decision is None and self._destructive(r)]
+            if destructive:
+                return self._render(
+                    "inbox_confirm.html",
+                    200,
+                    session,
+                    ids=ids,
+                    reason=reason or "",
+                    destructive=destructive,
+                )
+        act = secrets.token_hex(8)
+        evidence = {"session": _session_ref(session), "act": act}
+        outcomes: list[ItemOutcome] = []
+        if seen:
+            try:
+                outcomes = await self.decider.decide_many(
+                    [record.approval_id for record in seen],
+                    approved=action == "approve",
+                    who=who,
+                    reason=reason,
+                    evidence=evidence,
+                )
+            except StoreError as exc:
+                log.warning("a decision of selected reviews stopped: %s", exc)
+                raise PageError(
+                    503,
+                    "Try again shortly",
+                    "The approval store failed during the decision: the reviews before the "
+                    "failure may be decided, the others are not. Open the inbox to see which.",
+                ) from None
+        self.counters["decisions"] += sum(outcome.ok for outcome in outcomes)
+        params = [("act", act), ("action", action), *(("id", i) for i in ids)]
+        return RedirectResponse(f"/inbox/done?{urlencode(params)}", status_code=303)
+
+    async def done(self, request: Request) -> Response:
+        """What became of each review of one act of the list (`decide_selected`), read back
+        from the store: the act's own events say it, so the page is the same on every
+        replica, and tells nothing that did not happen."""
+        session = await self._session(request)
+        _within(session, None)
+        act = request.query_params.get("act", "")
+        action = request.query_params.get("action", "")
+        ids = request.query_params.getlist("id")
+        if (
+            not _ACT.fullmatch(act)
+            or action not in ("approve", "deny")
+            or _selection_problem(ids) is not None
+        ):
+            raise PageError(
+                404,
+                "No such decision",
+                "This address does not name a decision made in your inbox. Open the inbox to "
+                "see where your reviews stand.",
+            )
+        who = session.principal
+        person = await self._person_of(who)
+        items = [await self._act_outcome(who, person, act, i) for i in ids]
+        return self._render(
+            "inbox_done.html",
+            200,
+            session,
+            items=items,
+            action=action,
+            recorded=sum(item["status"] in ("decided", "voted") for item in items),
+        )
+
+    async def events(self, request: Request) -> Response:
+        """The list's live updates: a server-sent event stream (`bot.web.live`)."""
+        session = await self._session(request)
+        _within(session, None)
+        try:
+            stream = self.live.stream(session.principal)
+        except StreamRefused as exc:
+            raise PageError(
+                503,
+                "No live updates now",
+                f"The list is not updated live now: {exc}. It still works: reload it to see "
+                "new reviews.",
+            ) from None
+        return StreamingResponse(
+            stream, media_type="text/event-stream", headers={"X-Accel-Buffering": "no"}
         )
 
     async def approval(self, request: Request) -> Response:
@@ -667,17 +853,9 @@ class WebInbox:
         description: str | None = None
         if record.request.tool in self.registry:
             description = self.registry.get(record.request.tool).description
-        edited = _edited(record) or {}
-        arguments = [
-            {
-                "name": name,
-                "value": value,
-                "long": is_long(value) or (name in edited and is_long(edited[name])),
-                "edited": name in edited,
-                "new": edited.get(name),
-            }
-            for name, value in record.request.arguments.items()
-        ]
+        slack = await self._slack_messages(record)
+        dms = [message.to for message in slack if message.place == "dm"]
+        names = await self._names(list(dict.fromkeys(handles_to_name(events) + dms)))
         remember = self._remember_offer(record)
         return self._render(
             "approval.html",
@@ -686,9 +864,11 @@ class WebInbox:
             record=record,
             policy=record.request.policy,
             tool_description=description,
-            arguments=arguments,
-            events=[_event(e) for e in events],
-            votes=[_voter(e) for e in voted],
+            arguments=argument_rows(record.request.arguments, _edited(record)),
+            events=[_event(e, names) for e in events],
+            votes=[_voter(e, names) for e in voted],
+            slack=slack,
+            names=names,
             voted=has_voted,
             actions=actions,
             may_decide=any(reason is None for reason in actions.values()),
@@ -704,6 +884,38 @@ class WebInbox:
             remembering=remembering and remember is not None,
             remembered=await self._remembered_from(record) if remember is not None else None,
         )
+
+    async def _names(self, handles: list[str]) -> dict[str, str]:
+        """The names to show for `handles` (lower case), as far as `People` tells them at
+        once: a `people:` entry's name, or the address Slack holds for a Slack user id.
+        A handle it cannot tell now, or within `NAMES_WAIT` seconds in all, keeps its
+        handle: a name is a convenience, and the page is not held up for it."""
+        found: dict[str, str] = {}
+        try:
+            async with asyncio.timeout(NAMES_WAIT):
+                for handle in handles[:MAX_NAMED]:
+                    try:
+                        person = await self.people.person(handle)
+                    except IdentityUnavailable:
+                        continue
+                    name = name_of_person(person.key)
+                    if name is not None and name.lower() != handle.lower():
+                        found[handle.lower()] = name
+        except TimeoutError:
+            log.debug("names of the history not all known within %s s", NAMES_WAIT)
+        return found
+
+    async def _slack_messages(self, record: ApprovalRecord) -> list[SlackMessage]:
+        """The review's messages in Slack, linked (`bot.web.slack_links`); none when the
+        store keeps no deliveries, or the review was never posted there."""
+        if not isinstance(self.store, Outbox):
+            return []
+        deliveries = await self.store.deliveries(record.approval_id)
+        if not any(d.channel == "slack" and d.ref for d in deliveries):
+            return []
+        directory = self.people.directory
+        workspace = await self._workspace.address(directory.client if directory else None)
+        return slack_messages(deliveries, workspace)
 
     def _remember_offer(self, record: ApprovalRecord) -> dict[str, Any] | None:
         """What "approve and remember" would keep (for how many seconds, and the arguments
@@ -871,6 +1083,66 @@ class WebInbox:
         _, actions = await self._actions(who, record)
         return any(reason is None for reason in actions.values())
 
+    async def _may_decide(self, who: str, record: ApprovalRecord) -> bool:
+        """Whether the pending `record` is on `who`'s list: its rule leaves them a decision."""
+        _, actions = await self._actions(who, record)
+        return any(reason is None for reason in actions.values())
+
+    async def _pending_row(self, who: str, record: ApprovalRecord) -> dict[str, Any]:
+        """A pending review as the list shows it: its votes so far, whether `who` has voted,
+        and whether it may be selected (approved or denied by `who` in one act)."""
+        person, actions = await self._actions(who, record)
+        votes = await self._votes(record)
+        voted = any(_is_voter(e, who, person) for e in votes)
+        return {
+            "record": record,
+            "votes": [_voter(e) for e in votes],
+            "voted": voted,
+            "selectable": not voted and None in (actions["approve"], actions["deny"]),
+        }
+
+    def _decided(self) -> None:
+        """Something was decided here: the runs may go on, and the live lists change."""
+        if self.service is not None:
+            self.service.decided()
+        self.live.wake()
+
+    async def _seen(self, who: str, approval_id: str) -> ApprovalRecord | None:
+        """The approval, when there is one and `who` may see it; else None."""
+        try:
+            record = await self.store.get(approval_id)
+        except ApprovalNotFound:
+            return None
+        return record if await self._may_see(who, record) else None
+
+    async def _act_outcome(
+        self, who: str, person: str | None, act: str, approval_id: str
+    ) -> dict[str, Any]:
+        """What the act `act` of `who` did to one review, from its events: `status` decided,
+        voted (waiting for more approvals), refused (with the `reason`), already_decided
+        (`by` whom), already_voted, not_recorded (the decision was not accepted), or
+        not_found (no approval `who` may see has the id)."""
+        record = await self._seen(who, approval_id)
+        found: dict[str, Any] = {"approval_id": approval_id, "record": record}
+        if record is None:
+            return {**found, "status": "not_found"}
+        events = await self.store.events(approval_id)
+        ours = [e for e in events if _of_act(e, act) and _is_voter(e, who, person)]
+        kinds = {event.kind for event in ours}
+        decided_by = record.decision.decided_by if record.decision is not None else None
+        if "decided" in kinds or ("voted" in kinds and record.decision is not None):
+            return {**found, "status": "decided"}
+        if "voted" in kinds:
+            return {**found, "status": "voted"}
+        refused = [e for e in ours if e.kind == "refused"]
+        if refused and refused[-1].detail.get("reason") != "already decided":
+            return {**found, "status": "refused", "reason": refused[-1].detail.get("reason")}
+        if record.decision is not None:
+            return {**found, "status": "already_decided", "by": decided_by}
+        if any(e.kind == "voted" and _is_voter(e, who, person) for e in events):
+            return {**found, "status": "already_voted"}
+        return {**found, "status": "not_recorded"}
+
     async def _votes(self, record: ApprovalRecord) -> list[ApprovalEvent]:
         if record.request.approvals_required <= 1:
             return []
@@ -1035,13 +1307,19 @@ class WebInbox:
     def _render(
         self, template: str, status: int, session: Session | None, **context: Any
     ) -> HTMLResponse:
+        nonce = secrets.token_urlsafe(16)  # the page's own scripts, this response only
         page = self.templates.get_template(template).render(
             principal=session.principal if session else None,
             only=session.only if session else None,
             csrf=self.signer.csrf(session) if session else "",
+            nonce=nonce,
             **context,
         )
-        return HTMLResponse(page, status_code=status)
+        response = HTMLResponse(page, status_code=status)
+        connect = _SCRIPTED.get(template)
+        if connect is not None:
+            response.headers["Content-Security-Policy"] = _csp(nonce, connect)
+        return response
 
     def _page(self, handler: Handler) -> Handler:
         """`handler` answering every failure with an error page, and every page with the
@@ -1075,7 +1353,8 @@ class WebInbox:
                         "The bot failed to answer; it is logged. Nothing was recorded.",
                     ),
                 )
-            response.headers.update(_HEADERS)
+            for name, value in _HEADERS.items():
+                response.headers.setdefault(name, value)  # a page's own CSP stays
             return response
 
         return page
@@ -1204,6 +1483,20 @@ def _refused(record: ApprovalRecord, reason: str) -> PageError:
 
 async def _form(request: Request) -> dict[str, str]:
     """The form-encoded body: each name's first value. Raises `PageError`."""
+    return _first_values(await _form_pairs(request))
+
+
+def _first_values(pairs: list[tuple[str, str]]) -> dict[str, str]:
+    """Each name's first value."""
+    form: dict[str, str] = {}
+    for name, value in pairs:
+        form.setdefault(name, value)
+    return form
+
+
+async def _form_pairs(request: Request) -> list[tuple[str, str]]:
+    """The form-encoded body, every name and value in order (a list's checkboxes share a
+    name). Raises `PageError`."""
     kind = request.headers.get("content-type", "").split(";", 1)[0].strip().lower()
     if kind != "application/x-www-form-urlencoded":
         raise PageError(415, "Not a form", "Expected a form (application/x-www-form-urlencoded).")
@@ -1219,10 +1512,30 @@ async def _form(request: Request) -> dict[str, str]:
         pairs = parse_qsl(text, keep_blank_values=True, max_num_fields=1000, errors="strict")
     except (UnicodeDecodeError, ValueError):
         raise PageError(400, "Unreadable form", "The form is not valid UTF-8 form data.") from None
-    form: dict[str, str] = {}
-    for name, value in pairs:
-        form.setdefault(name, value)
-    return form
+    return pairs
+
+
+_ACT = re.compile(r"[0-9a-f]{16}")
+"""An act of the list's selection, as its results' address names it."""
+
+
+def _selection_problem(ids: list[str]) -> str | None:
+    """What keeps the ids selected in the list from being decided (None: nothing)."""
+    if not ids:
+        return "No review was selected: tick the reviews to decide first"
+    for approval_id in ids:
+        if len(approval_id) > MAX_ID:
+            return f"{approval_id[:40]!r}… is not an approval id"
+    problem = bulk_problem(ids)
+    if problem is None:
+        return None
+    return f"{problem[0].upper()}{problem[1:]}"
+
+
+def _of_act(event: ApprovalEvent, act: str) -> bool:
+    """Whether `event` was recorded by the list's act `act` (its evidence says so)."""
+    evidence = event.detail.get("evidence")
+    return isinstance(evidence, dict) and evidence.get("act") == act
 
 
 def _revocations_of(store: ApprovalStore) -> SessionRevocations:
@@ -1272,9 +1585,11 @@ def _compact(value: Any) -> str:
     return json.dumps(value, ensure_ascii=False)
 
 
-def _voter(event: ApprovalEvent) -> str:
-    """Who cast a vote, as they signed it."""
-    return event.actor or event.person or "someone"
+def _voter(event: ApprovalEvent, names: Mapping[str, str] | None = None) -> str:
+    """Who cast a vote: the person's name or address when the event tells it (or `names`
+    does, by handle), else the handle they voted with."""
+    name = name_of_person(event.person) or (names or {}).get((event.actor or "").lower())
+    return name or event.actor or event.person or "someone"
 
 
 def _session_ref(session: Session) -> str:
@@ -1286,15 +1601,7 @@ def _edited(record: ApprovalRecord) -> dict[str, Any] | None:
     return record.decision.edited_args if record.decision is not None else None
 
 
-def _event(event: ApprovalEvent) -> dict[str, Any]:
-    evidence = event.detail.get("evidence")
-    actor = event.actor or ""
-    if isinstance(evidence, dict) and evidence.get("for"):
-        actor = f"{actor} for {evidence['for']}"  # decided by a delegation
-    return {
-        "at": event.at,
-        "kind": event.kind,
-        "actor": actor,
-        "channel": event.channel or "",
-        "detail": ", ".join(f"{key}: {shown(value)}" for key, value in event.detail.items()),
-    }
+def _event(event: ApprovalEvent, names: Mapping[str, str] | None = None) -> EventView:
+    """One line of the review's history: people by name, the bot as nodbot, digests and
+    evidence kept for the disclosure (`bot.web.history`)."""
+    return event_view(event, names)

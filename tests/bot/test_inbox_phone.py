@@ -1,6 +1,8 @@
 """The web inbox on a phone: headless Chromium lays the pages out 390 CSS pixels wide (a
 phone's width), with the long unbroken values that push pages sideways (a 200-character
-order id, a wide JSON argument, a digest in the history), and no page scrolls sideways.
+order id, a wide JSON argument, a digest in the history), and no page scrolls sideways, with
+its folded values and history details opened (`test_inbox_layout.py` lays the list and
+reviews out at a laptop's width too, folded and opened, and keeps the screenshots for CI).
 
 Each page's screenshot is written to the test's folder, for a person to look at."""
 
@@ -53,9 +55,10 @@ async def signed_in_phone(web: Inbox, browser: Browser, principal: str) -> Page:
 
 
 async def laid_out(page: Page, url: str, shot: Path) -> tuple[int, str]:
-    """Open `url`; how wide the page is laid out, and its text. The screenshot goes to
-    `shot`."""
+    """Open `url` and every disclosure on it (a folded value, a history line's details);
+    how wide the page is laid out, and its text. The screenshot goes to `shot`."""
     await page.goto(url)
+    await page.evaluate("document.querySelectorAll('details').forEach(d => d.open = true)")
     await page.screenshot(shot)
     width = await page.evaluate("document.documentElement.scrollWidth")
     text = await page.evaluate("document.body.innerText")

@@ -317,6 +317,7 @@ async def test_the_openapi_document_describes_every_route(served: Running) -> No
         "/approvals",
         "/approvals/{approval_id}",
         "/approvals/{approval_id}/decide",
+        "/approvals/decide",
         "/approvals/{approval_id}/consume",
         "/runs",
         "/runs/{run_id}",
