@@ -68,6 +68,18 @@ except CallDenied as denied:
   a process crashed after taking a decision (whether or not its function had run), its retry
   is reviewed anew; the reviewer decides again, knowing the first one may have run.
 
+## Deciding
+
+With a token that has the scope `approvals:decide`, `decide(approval_id, answer)` decides a
+review as that token's name (`POST /approvals/{id}/decide`), and returns the approval as
+decided. `answer` is any form `as_decision` takes: `True`, `False`, `None`, a
+`ToolDecision`, a `Decision` (without `decided_by`: over the API the decider is the token's
+name), or a dict of one of the forms, LangChain's `{"type": "approve" | "edit" | "reject"}`
+among them. An answer of no known form raises `InvalidDecisionError` before anything is
+sent; what only the bot can check (that an `edited_action` names the call's tool, that the
+edit fits the tool, that this token may decide) comes back as an `ApprovalClientError` with
+the bot's status and message.
+
 ## Retries
 
 `request` and `start_run` (which starts a run of one of the bot's agents, `POST /runs`) send
@@ -98,7 +110,13 @@ import httpx
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 
 from nodbot.core.approval_tokens import ApprovalToken, InvalidApprovalToken, token_key
-from nodbot.core.errors import ApprovalDenied, InvalidArgumentsError, NodbotError
+from nodbot.core.decisions import read_answer
+from nodbot.core.errors import (
+    ApprovalDenied,
+    InvalidArgumentsError,
+    InvalidDecisionError,
+    NodbotError,
+)
 from nodbot.core.tools import arguments_digest
 
 __all__ = [
@@ -301,6 +319,31 @@ def _request_body(
     ):
         if value is not None:
             body[key] = value
+    return body
+
+
+def _decide_body(answer: object, remember: bool) -> dict[str, Any]:
+    """The body of `POST /approvals/{id}/decide` saying `answer`: a LangChain edit as such, so
+    that the bot checks the tool it names against the call's; the others as `action`,
+    `arguments` and `reason`. Raises `InvalidDecisionError` for an answer of no known form, a
+    malformed one, and one naming its decider."""
+    decision, named = read_answer(answer)
+    if decision.decided_by is not None:
+        why = "over the API the decider is the token's name: leave decided_by out"
+        raise InvalidDecisionError(
+            f"not a decision to send: {why}", errors=[{"field": "decided_by", "message": why}]
+        )
+    body: dict[str, Any]
+    if named is not None:
+        body = {"type": "edit", "edited_action": {"name": named, "args": decision.edited_args}}
+    elif decision.edited_args is not None:
+        body = {"action": "edit", "arguments": decision.edited_args}
+    else:
+        body = {"action": "approve" if decision.approved else "deny"}
+    if decision.reason is not None:
+        body["reason"] = decision.reason
+    if remember:
+        body["remember"] = True
     return body
 
 
@@ -691,6 +734,15 @@ class ApprovalClient:
                     details={"approval_id": approval_id},
                 )
 
+    async def decide(self, approval_id: str, answer: object, *, remember: bool = False) -> Approval:
+        """Decide the review `approval_id` as this token's name (see the module), with an
+        answer of any form `as_decision` takes; `remember` asks the call's rule to remember an
+        approval. Returns the approval as decided (still pending when it needs more votes).
+        Raises `InvalidDecisionError` (nothing sent) and `ApprovalClientError`."""
+        body = _decide_body(answer, remember)
+        path = f"/approvals/{approval_id}/decide"
+        return Approval.of(_answer(await self._send("POST", path, json=body)))
+
     async def consume(self, approval: Approval) -> Consumed:
         """Take the decision of `approval` (as `request` or `wait` gave it), once, as its
         token's signed claims carry it, checked against that call (`Consumed.answers` checks
@@ -838,6 +890,12 @@ class SyncApprovalClient:
                     f"nobody decided {approval_id} within {within:g} s",
                     details={"approval_id": approval_id},
                 )
+
+    def decide(self, approval_id: str, answer: object, *, remember: bool = False) -> Approval:
+        """`ApprovalClient.decide`, blocking."""
+        body = _decide_body(answer, remember)
+        path = f"/approvals/{approval_id}/decide"
+        return Approval.of(_answer(self._send("POST", path, json=body)))
 
     def consume(self, approval: Approval) -> Consumed:
         """`ApprovalClient.consume`, blocking."""

@@ -1,36 +1,48 @@
 """What a reviewer is shown (`ToolInterrupt`) and what a reviewer answers (`Decision`).
 
-Answers come in several forms and are normalized by `as_decision`:
+Answers come in the vocabularies of the seeds, and `as_decision` normalizes each:
 
-| answer                                       | decision                                  |
-|----------------------------------------------|-------------------------------------------|
-| `True`, `ToolDecision(action="approve")`     | approve                                   |
-| `ToolDecision(action="edit", arguments=...)` | approve with the edit merged in           |
-| `ToolDecision(action="deny", message=...)`   | deny, the message is the reason           |
-| `Decision(...)`                              | as given                                  |
-| a dict with `action` (or `approved`)         | parsed as `ToolDecision` (or `Decision`)  |
-| anything else (`False`, `"yes"`, `None`...)  | deny                                      |
+- approve: `True`, `ToolDecision(action="approve")`, `{"action": "approve"}`, and
+  LangChain's `{"type": "approve"}`;
+- edit (approve with the edit merged in): `ToolDecision(action="edit", arguments=...)`,
+  `{"action": "edit", "arguments": ...}` or with `"edited_arguments"` (the HTTP API's name),
+  and LangChain's `{"type": "edit", "edited_action": {"name": <the call's tool>, "args": ...}}`;
+- deny, the message the reason: `ToolDecision(action="deny", message=...)`,
+  `{"action": "deny", "message": ...}`, LangChain's `{"type": "reject", "message": ...}`;
+- deny, no reason: `False`, `None`;
+- as given: `Decision(...)` and its dict `{"approved": ..., "edited_args": ..., "reason": ...}`;
+- anything else (`"yes"`, `1`, `{"decision": "yes"}`, LangChain's `respond`, not supported
+  yet) raises `InvalidDecisionError`.
+
+An answer of no known form is refused, not read as a denial: a reviewer who meant to approve
+would otherwise deny without knowing it. An `edited_action` naming another tool than the
+call's is refused (an edit changes a call's arguments, never its tool). LangChain's edit
+gives the whole `args`; they are merged like any edit, so an edit cannot remove an argument.
 """
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
     StrictBool,
+    StrictStr,
     ValidationError,
     ValidationInfo,
     field_validator,
 )
 
 from nodbot.core.errors import InvalidDecisionError
+from nodbot.core.tools import canonical_json
 
 __all__ = [
+    "RESPOND_NOT_SUPPORTED",
     "Decision",
     "ToolDecision",
     "ToolInterrupt",
@@ -38,6 +50,7 @@ __all__ = [
     "as_decision",
     "check_edit_arguments",
     "merge_edit",
+    "read_answer",
 ]
 
 
@@ -132,38 +145,216 @@ def check_edit_arguments(action: object, arguments: dict[str, Any] | None) -> di
     return arguments
 
 
-def as_decision(answer: object, *, decided_by: str | None = None) -> Decision:
-    """Normalize any answer to a `Decision` (see the module's table).
+RESPOND_NOT_SUPPORTED = (
+    "respond (the reviewer answering in the tool's place) is not supported yet: "
+    "answer approve, edit or reject"
+)
+"""Why LangChain's fourth decision type is refused."""
 
-    `decided_by` fills in a decision that does not name its decider. A dict that claims to be a
-    `ToolDecision` or a `Decision` but is malformed raises `InvalidDecisionError`.
+_SHOWN_KEYS = 5
+"""How many keys of a dict of no known form its error shows."""
+_SHOWN_TEXT = 40
+"""How many characters of a value of the answer an error shows."""
+_LISTED = 10
+"""How many problems of a malformed answer its error lists."""
+
+
+class _EditedAction(BaseModel):
+    """LangChain's `edited_action`: the tool and the arguments the reviewer would run."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    name: StrictStr
+    args: dict[str, Any]
+
+    @field_validator("args")
+    @classmethod
+    def _some_arguments(cls, args: dict[str, Any]) -> dict[str, Any]:
+        if not args:
+            raise ValueError("an edit needs the arguments to change")
+        return args
+
+
+class _LangChainDecision(BaseModel):
+    """A decision of LangChain's `HumanInTheLoopMiddleware` (approve, edit or reject)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    type: Literal["approve", "edit", "reject"]
+    edited_action: _EditedAction | None = Field(default=None, validate_default=True)
+    message: str | None = None
+    """For `reject`: the reason the model is told. For the others: a note, as `ToolDecision`'s."""
+
+    @field_validator("edited_action")
+    @classmethod
+    def _edited_action_only_for_edit(
+        cls, edited: _EditedAction | None, info: ValidationInfo
+    ) -> _EditedAction | None:
+        kind = info.data.get("type")
+        if kind == "edit" and edited is None:
+            raise ValueError("an edit needs edited_action: {name, args}")
+        if kind in ("approve", "reject") and edited is not None:
+            raise ValueError(f"edited_action goes with type 'edit', not {kind!r}")
+        return edited
+
+    def to_decision(self, decided_by: str | None) -> Decision:
+        return Decision(
+            approved=self.type != "reject",
+            edited_args=self.edited_action.args if self.edited_action is not None else None,
+            reason=self.message,
+            decided_by=decided_by,
+        )
+
+
+def as_decision(
+    answer: object, *, decided_by: str | None = None, tool: str | None = None
+) -> Decision:
+    """Normalize an answer of any known form to a `Decision` (see the module).
+
+    `decided_by` fills in a decision that does not name its decider; `tool` is the call's
+    tool, which a LangChain `edited_action` must name. Raises `InvalidDecisionError` (its
+    `errors` name each field at fault) for an answer of no known form, a malformed one, and an
+    `edited_action` naming another tool, or any tool when `tool` is not given (it cannot be
+    checked then).
     """
+    decision, named = read_answer(answer, decided_by=decided_by)
+    if named is not None and named != tool:
+        if tool is None:
+            problem = (
+                f"names the tool {_shown(named)}, which cannot be checked without the call's "
+                "tool (as_decision(..., tool=...))"
+            )
+        else:
+            problem = (
+                f"names the tool {_shown(named)}, but the call is of {_shown(tool)}: an edit "
+                "changes a call's arguments, never its tool"
+            )
+        raise _invalid("LangChain decision", [("edited_action.name", problem)])
+    return decision
+
+
+def read_answer(answer: object, *, decided_by: str | None = None) -> tuple[Decision, str | None]:
+    """The decision `answer` says, and the tool its LangChain `edited_action` names (None
+    for the other forms), not yet checked against the call's: `as_decision` checks it.
+    Raises `InvalidDecisionError` as `as_decision` does."""
     if isinstance(answer, Decision):
         if answer.decided_by is None and decided_by is not None:
-            return answer.model_copy(update={"decided_by": decided_by})
-        return answer
-    if answer is True:
-        return Decision(approved=True, decided_by=decided_by)
+            return answer.model_copy(update={"decided_by": decided_by}), None
+        return answer, None
+    if answer is True or answer is False or answer is None:
+        return Decision(approved=answer is True, decided_by=decided_by), None
     if isinstance(answer, ToolDecision):
-        return answer.to_decision(decided_by)
-    if isinstance(answer, Mapping) and ("action" in answer or "approved" in answer):
-        return as_decision(_parse_dict(answer), decided_by=decided_by)
-    return Decision(approved=False, decided_by=decided_by)
+        return answer.to_decision(decided_by), None
+    if isinstance(answer, Mapping):
+        return _read_mapping(answer, decided_by)
+    raise _no_form(
+        f"a {type(answer).__name__} is no decision: answer True, False, None, a ToolDecision, "
+        "a Decision, or a dict of one of the forms"
+    )
 
 
-def _parse_dict(answer: Mapping[Any, Any]) -> ToolDecision | Decision:
-    model: type[ToolDecision] | type[Decision] = ToolDecision if "action" in answer else Decision
+def _read_mapping(answer: Mapping[Any, Any], decided_by: str | None) -> tuple[Decision, str | None]:
+    if "action" in answer:
+        return _tool_decision(answer).to_decision(decided_by), None
+    if "approved" in answer:
+        return read_answer(_validated(Decision, dict(answer), "Decision"), decided_by=decided_by)
+    if "type" in answer:
+        if answer["type"] == "respond":
+            raise _invalid("LangChain decision", [("type", RESPOND_NOT_SUPPORTED)])
+        said = _validated(_LangChainDecision, dict(answer), "LangChain decision")
+        named = said.edited_action.name if said.edited_action is not None else None
+        return said.to_decision(decided_by), named
+    keys = ", ".join(_shown(key) for key in itertools.islice(answer, _SHOWN_KEYS))
+    more = ", ..." if len(answer) > _SHOWN_KEYS else ""
+    found = f"a dict with the keys {keys}{more}" if answer else "an empty dict"
+    hint = ""
+    if "decisions" in answer:
+        hint = (
+            "; a LangChain resume's `decisions` holds one decision per call: give each to "
+            "its own approval"
+        )
+    raise _no_form(
+        f"{found} names no form of decision: it needs `action` (approve, edit, deny), "
+        f"`type` (LangChain's approve, edit, reject) or `approved` (a Decision){hint}"
+    )
+
+
+def _tool_decision(answer: Mapping[Any, Any]) -> ToolDecision:
+    """The dict form of `ToolDecision`, its edit named `arguments` or `edited_arguments`."""
+    data = dict(answer)
+    if "edited_arguments" not in data:
+        return _validated(ToolDecision, data, "ToolDecision")
+    edited = data.pop("edited_arguments")
+    if "arguments" in data and not _same(data["arguments"], edited):
+        raise _invalid(
+            "ToolDecision",
+            [("edited_arguments", "differs from arguments: they are one field, give one")],
+        )
+    data["arguments"] = edited
     try:
-        return model.model_validate(dict(answer))
+        return ToolDecision.model_validate(data)
     except ValidationError as exc:
-        errors = [
-            {"field": ".".join(str(p) for p in e["loc"]) or "(decision)", "message": e["msg"]}
-            for e in exc.errors(include_url=False)
+        # Name the field as the answer did.
+        found = [
+            ("edited_" + f if f == "arguments" or f.startswith("arguments.") else f, m)
+            for f, m in _problems(exc)
         ]
-        listed = "; ".join(f"{e['field']}: {e['message']}" for e in errors)
-        raise InvalidDecisionError(
-            f"not a valid {model.__name__}: {listed}", errors=errors
-        ) from None
+        raise _invalid("ToolDecision", found) from None
+
+
+_M = TypeVar("_M", bound=BaseModel)
+
+
+def _validated(model: type[_M], data: dict[Any, Any], label: str) -> _M:
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        raise _invalid(label, _problems(exc)) from None
+
+
+def _problems(exc: ValidationError) -> list[tuple[str, str]]:
+    """Each problem as (field, message), the fields (keys of the answer: untrusted) bounded,
+    and at most `_LISTED` of them."""
+    found = exc.errors(include_url=False)
+    problems = [
+        (
+            ".".join(_bounded(str(part)) for part in e["loc"]) or "(decision)",
+            e["msg"].removeprefix("Value error, "),
+        )
+        for e in found[:_LISTED]
+    ]
+    if len(found) > _LISTED:
+        problems.append(("(decision)", f"and {len(found) - _LISTED} more problems"))
+    return problems
+
+
+def _invalid(label: str, problems: list[tuple[str, str]]) -> InvalidDecisionError:
+    errors = [{"field": field, "message": message} for field, message in problems]
+    listed = "; ".join(f"{field}: {message}" for field, message in problems)
+    return InvalidDecisionError(f"not a valid {label}: {listed}", errors=errors)
+
+
+def _no_form(message: str) -> InvalidDecisionError:
+    return InvalidDecisionError(
+        f"not a decision: {message}", errors=[{"field": "(decision)", "message": message}]
+    )
+
+
+def _shown(value: object) -> str:
+    """A value of the answer (untrusted) as an error shows it: quoted, and bounded."""
+    return _bounded(repr(value))
+
+
+def _bounded(text: str) -> str:
+    return text if len(text) <= _SHOWN_TEXT else text[: _SHOWN_TEXT - 3] + "..."
+
+
+def _same(one: object, other: object) -> bool:
+    """Whether two edits are the same JSON (`1` and `True` are not)."""
+    try:
+        return canonical_json(one) == canonical_json(other)
+    except (TypeError, ValueError):
+        return False
 
 
 def merge_edit(arguments: Mapping[str, Any], edited: Mapping[str, Any] | None) -> dict[str, Any]:

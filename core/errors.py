@@ -20,7 +20,7 @@ NodbotError
 │   ├── RunNotFound                no run has that id
 │   └── RunConflict                the run was saved by someone else since it was read
 ├── DeliveryLost                   the outbox delivery is no longer this worker's to settle
-├── InvalidDecisionError           an answer that claims to be a decision but is malformed
+├── InvalidDecisionError           an answer of no known form, or a malformed one
 ├── StoreError                     the approval store's database cannot be used
 │   ├── StoreUnavailableError      it cannot be reached, opened or written
 │   ├── StoreSchemaError           its schema is missing, older or newer than this nodbot's
@@ -356,8 +356,9 @@ class DeliveryLost(NodbotError):
 
 
 class InvalidDecisionError(NodbotError):
-    """An answer that claims to be a decision (a `ToolDecision` or `Decision` dict) but is not
-    well formed. Nothing is recorded."""
+    """An answer of no form of decision nodbot knows, or one that is not well formed (a
+    malformed `ToolDecision`, `Decision` or LangChain decision dict, an `edited_action` naming
+    another tool). Nothing is recorded."""
 
     kind = "invalid-decision"
 

@@ -130,15 +130,18 @@ class Executor:
         process, with the JSON schema its caller kept with the review, `policy["schema"]`);
         an invalid one raises `InvalidArgumentsError` and nothing is recorded. Raises
         `ApprovalNotFound`, `ApprovalAlreadyDecided`, `ApprovalAlreadyVoted`,
-        `InvalidDecisionError` (also for a vote without `decided_by`), and
-        `ConfigurationError` when the executor has no `DeferredApproval` port.
+        `InvalidDecisionError` (for an answer of no known form, a malformed one, an
+        `edited_action` naming another tool than the call's, and a vote without `decided_by`;
+        nothing is recorded), and `ConfigurationError` when the executor has no
+        `DeferredApproval` port.
         """
         if not isinstance(self.approval, DeferredApproval):
             raise ConfigurationError("decide() needs an executor with a DeferredApproval port")
         store = self.approval.store
-        decision = as_decision(answer, decided_by=decided_by)
+        record = await store.get(approval_id)
+        # The record's tool: a LangChain edit must name it.
+        decision = as_decision(answer, decided_by=decided_by, tool=record.request.tool)
         if decision.edited_args is not None:
-            record = await store.get(approval_id)
             merged = merge_edit(record.request.arguments, decision.edited_args)
             name, schema = record.request.tool, record.request.policy.get("schema")
             if name not in self.registry and isinstance(schema, dict):

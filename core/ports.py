@@ -126,7 +126,8 @@ ApprovalCallback: TypeAlias = Callable[[ApprovalRequest], object | Awaitable[obj
 class CallbackApproval:
     """Asks `fn(request)` (sync or async) now; its answer goes through `as_decision`.
 
-    A callback that raises denies the call: a failed check must not let a call through.
+    A callback that raises, or answers with no known form of decision, denies the call: a
+    failed check must not let a call through.
     """
 
     def __init__(self, fn: ApprovalCallback, *, name: str = "callback") -> None:
@@ -139,7 +140,7 @@ class CallbackApproval:
             answer = self.fn(request)
             if inspect.isawaitable(answer):
                 answer = await answer
-            return Decided(as_decision(answer, decided_by=decided_by))
+            return Decided(as_decision(answer, decided_by=decided_by, tool=request.tool))
         except Exception as exc:
             log.exception(
                 "approval callback failed for %s (call %s)", request.tool, request.call_id

@@ -282,9 +282,13 @@ class _ApprovalsApi:
         principal = token.name
         body = parse(DecideBody, await json_body(request), "invalid decision")
         record = await self._deciding(request.path_params["approval_id"])
-        decision = body.to_decision(principal)
-        if body.remember and (body.action != "approve" or scope_of(record.request) is None):
-            why = NOT_REMEMBERED if body.action == "approve" else "only an approve is remembered"
+        try:
+            decision = body.to_decision(principal, tool=record.request.tool)
+        except InvalidDecisionError as exc:
+            raise ApiError(422, exc.message, details=exc.details()) from None
+        as_is = decision.approved and decision.edited_args is None
+        if body.remember and (not as_is or scope_of(record.request) is None):
+            why = NOT_REMEMBERED if as_is else "only an approve is remembered"
             raise ApiError(422, why, details={"approval_id": record.approval_id})
         verdict = await self.authorize(principal, record, decision)
         if verdict.refusal is None and "runs:write-as" in token.scopes:

@@ -17,6 +17,7 @@ from pydantic import (
     ValidationError,
     ValidationInfo,
     field_validator,
+    model_validator,
 )
 from starlette.datastructures import Headers
 
@@ -30,9 +31,9 @@ from nodbot.core import (
     ApprovalStore,
     Decision,
     StoreError,
-    ToolDecision,
-    check_edit_arguments,
+    as_decision,
 )
+from nodbot.core.decisions import RESPOND_NOT_SUPPORTED
 from nodbot.core.store import IdempotencyKey, IdempotencyKeyUsed, KeptKey
 from nodbot.core.tools import canonical_json
 
@@ -51,6 +52,7 @@ __all__ = [
     "BulkItemView",
     "DecideBody",
     "DecisionView",
+    "EditedAction",
     "ErrorBody",
     "EventView",
     "HealthView",
@@ -105,32 +107,103 @@ class ListQuery(_Model):
     """At most this many, oldest first (1 to 500)."""
 
 
-class DecideBody(_Model):
-    """The body of `POST /approvals/{id}/decide`."""
+MAX_TOOL_NAME = 200
+"""The longest tool name an `edited_action` may give (the call's own is what counts)."""
 
-    action: Literal["approve", "edit", "deny"]
-    """`approve` runs the call, `edit` runs it with changed arguments, `deny` refuses it."""
-    arguments: dict[str, Any] | None = Field(default=None, validate_default=True)
-    """For `edit` only: the arguments to change; the others keep their values."""
-    reason: Annotated[str, StringConstraints(max_length=MAX_REASON)] | None = None
-    """Why, at most 2,000 characters; a denied call's model is told this reason."""
-    remember: bool = False
-    """With `approve`, and when the call's rule has `remember:`: later identical calls under
-    that rule are approved at once, as this decision, until it expires or is forgotten."""
 
-    @field_validator("arguments")
+class EditedAction(_Model):
+    """LangChain's `edited_action`: the call as the reviewer would run it."""
+
+    name: Annotated[str, StringConstraints(max_length=MAX_TOOL_NAME)]
+    """The call's own tool: another one is refused (an edit changes the arguments, never the
+    tool)."""
+    args: dict[str, Any]
+    """The arguments; merged like any edit (keys given replace the call's, the others keep
+    their values), then validated with the tool's model."""
+
+    @field_validator("args")
     @classmethod
-    def _only_for_edit(
+    def _bounded(cls, args: dict[str, Any]) -> dict[str, Any]:
+        _check_texts(args, "edited_action.args")
+        return args
+
+
+Reason = Annotated[str, StringConstraints(max_length=MAX_REASON)]
+
+
+class DecideBody(_Model):
+    """The body of `POST /approvals/{id}/decide`, in nodbot's form (`action`) or in
+    LangChain's (`type`), as `as_decision` takes them; the decider is the token's name."""
+
+    action: Literal["approve", "edit", "deny"] | None = None
+    """`approve` runs the call, `edit` runs it with changed arguments, `deny` refuses it."""
+    type: Literal["approve", "edit", "reject"] | None = None
+    """LangChain's decision, instead of `action`: `approve`, `edit` (with `edited_action`) or
+    `reject`. Its `respond` is not supported yet."""
+    arguments: dict[str, Any] | None = None
+    """With `action: edit`: the arguments to change; the others keep their values."""
+    edited_arguments: dict[str, Any] | None = None
+    """The same as `arguments`, by another name; both given must be equal."""
+    edited_action: EditedAction | None = None
+    """With `type: edit`: `{"name": <the call's tool>, "args": {...}}`."""
+    reason: Reason | None = None
+    """Why, at most 2,000 characters; a denied call's model is told this reason."""
+    message: Reason | None = None
+    """The same as `reason` (its name in LangChain and `ToolDecision`); both given must be
+    equal."""
+    remember: bool = False
+    """With an approval (not an edit), and when the call's rule has `remember:`: later
+    identical calls under that rule are approved at once, as this decision, until it expires
+    or is forgotten."""
+
+    @field_validator("type", mode="before")
+    @classmethod
+    def _no_respond(cls, kind: Any) -> Any:
+        if kind == "respond":
+            raise ValueError(RESPOND_NOT_SUPPORTED)
+        return kind
+
+    @field_validator("arguments", "edited_arguments")
+    @classmethod
+    def _bounded(
         cls, arguments: dict[str, Any] | None, info: ValidationInfo
     ) -> dict[str, Any] | None:
         if arguments is not None:
-            _check_texts(arguments, "arguments")
-        return check_edit_arguments(info.data.get("action"), arguments)
+            _check_texts(arguments, info.field_name or "arguments")
+        return arguments
 
-    def to_decision(self, decided_by: str) -> Decision:
-        """The decision this body asks for, made by `decided_by`."""
-        answer = ToolDecision(action=self.action, arguments=self.arguments, message=self.reason)
-        return answer.to_decision(decided_by)
+    @field_validator("message")
+    @classmethod
+    def _one_reason(cls, message: str | None, info: ValidationInfo) -> str | None:
+        reason = info.data.get("reason")
+        if message is not None and reason is not None and message != reason:
+            raise ValueError("differs from reason: they are one field, give one")
+        return message
+
+    @model_validator(mode="after")
+    def _one_form(self) -> DecideBody:
+        if (self.action is None) == (self.type is None):
+            given = "both are given" if self.action is not None else "neither is given"
+            raise ValueError(
+                "give `action` (approve, edit or deny) or LangChain's `type` (approve, edit or "
+                f"reject): {given}"
+            )
+        return self
+
+    def answer(self) -> dict[str, Any]:
+        """The body as an answer `as_decision` takes (without `remember`)."""
+        said = self.model_dump(exclude_none=True, exclude={"remember", "reason", "message"})
+        note = self.message if self.message is not None else self.reason
+        if note is not None:
+            said["message"] = note
+        return said
+
+    def to_decision(self, decided_by: str, *, tool: str) -> Decision:
+        """The decision this body asks for, made by `decided_by`, on a call of `tool`. Raises
+        `InvalidDecisionError` (nothing to record) for a form `as_decision` refuses: an edit
+        without arguments, arguments beside an approval, an `edited_action` naming another
+        tool, ..."""
+        return as_decision(self.answer(), decided_by=decided_by, tool=tool)
 
 
 EDITS_ONE_AT_A_TIME = "edits are one at a time: use POST /approvals/{id}/decide"

@@ -327,7 +327,16 @@ async def test_the_openapi_document_describes_every_route(served: Running) -> No
     assert {"tool", "arguments", "schema", "run_id", "call_id"} <= set(
         schemas["RequestBody"]["properties"]
     )
-    assert set(schemas["DecideBody"]["properties"]) == {"action", "arguments", "reason", "remember"}
+    assert set(schemas["DecideBody"]["properties"]) == {
+        "action",
+        "type",
+        "arguments",
+        "edited_arguments",
+        "edited_action",
+        "reason",
+        "message",
+        "remember",
+    }
     assert {ref.rsplit("/", 1)[1] for ref in refs(document)} <= set(schemas)
     decide = document["paths"]["/approvals/{approval_id}/decide"]["post"]
     assert set(decide["responses"]) == {"200", "401", "403", "404", "409", "413", "422"}

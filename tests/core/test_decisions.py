@@ -161,26 +161,8 @@ def test_tool_decision_deny_without_message() -> None:
     assert as_decision(ToolDecision(action="deny")) == Decision(approved=False)
 
 
-@pytest.mark.parametrize(
-    "answer",
-    [
-        False,
-        "yes",
-        "approve",
-        "true",
-        None,
-        1,
-        1.0,
-        {},
-        [],
-        (),
-        [True],
-        {"approve": True},
-        object(),
-    ],
-    ids=repr,
-)
-def test_any_other_answer_denies(answer: object) -> None:
+@pytest.mark.parametrize("answer", [False, None], ids=repr)
+def test_false_and_none_deny(answer: object) -> None:
     decision = as_decision(answer, decided_by="U9")
 
     assert decision == Decision(approved=False, decided_by="U9")
@@ -188,9 +170,21 @@ def test_any_other_answer_denies(answer: object) -> None:
     assert decision.edited_args is None
 
 
+@pytest.mark.parametrize(
+    "answer",
+    ["yes", "approve", "true", 1, 1.0, 0, {}, [], (), [True], {"approve": True}, object()],
+    ids=repr,
+)
+def test_any_other_answer_is_refused_not_read_as_a_denial(answer: object) -> None:
+    with pytest.raises(InvalidDecisionError) as caught:
+        as_decision(answer, decided_by="U9")
+
+    assert caught.value.errors[0]["field"] == "(decision)"
+
+
 def test_one_does_not_approve() -> None:
-    assert as_decision(1).approved is False
-    assert as_decision(1.0).approved is False
+    assert _outcome(1) == "refused"
+    assert _outcome(1.0) == "refused"
 
 
 # --- as_decision: Decision passthrough ------------------------------------------------------
@@ -358,7 +352,7 @@ def _outcome(answer: object) -> str:
 
 @pytest.mark.parametrize("approved", ["yes", "on", "1", 1], ids=["'yes'", "'on'", "'1'", "1"])
 def test_decision_dict_with_non_bool_approved_does_not_approve(approved: object) -> None:
-    """A bare `1` or `"yes"` denies, so the same value inside a Decision dict must not approve."""
+    """A bare `1` or `"yes"` is refused, and so is the same value inside a Decision dict."""
     assert _outcome({"approved": approved}) == "refused"
 
 
