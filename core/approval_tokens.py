@@ -24,6 +24,11 @@ signature holds against whoever has not seen that token; whoever has (a hop that
 requests' `Authorization` header, such as plain http or a proxy ending TLS) can sign claims
 of their own, as they can act as the agent: let TLS end at the bot, or at a proxy trusted as
 the bot is.
+A caller that runs the call through a nodbot `Executor` of its own passes the token as
+`ToolContext.approval`, wrapped with its key and the arguments the decision allows
+(`TokenApproval`): the executor verifies it, checks it against that very call (run, call id,
+tool, the digest of the call's arguments as given), runs the call at most once on it, and
+refuses it for any other call with `ApprovalMismatchError`.
 """
 
 from __future__ import annotations
@@ -34,13 +39,14 @@ import hashlib
 import hmac
 import json
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from nodbot.core.decisions import Decision
 from nodbot.core.errors import NodbotError
 from nodbot.core.tools import arguments_digest, canonical_json
 
-__all__ = ["ApprovalToken", "InvalidApprovalToken", "token_key"]
+__all__ = ["ApprovalToken", "InvalidApprovalToken", "TokenApproval", "token_key"]
 
 PREFIX = "nat1"
 _LABEL = b"nodbot approval token v1"
@@ -132,6 +138,51 @@ class ApprovalToken:
             allowed = self.edited_digest or self.digest
             if arguments_digest(final) != allowed:
                 raise InvalidApprovalToken("the arguments to run are not the ones decided")
+
+
+@dataclass(frozen=True)
+class TokenApproval:
+    """An adapter-issued one-use approval token, as a caller sets it on `ToolContext.approval`
+    to run the call it answers through an `Executor`: the token as handed out (`token`, from
+    `POST /approvals/{id}/consume`, `core.client.Consumed.token`), the key it verifies under
+    (`token_key` of the bearer token that consumed it) and the arguments the decision allows
+    (`Consumed.arguments`: needed when a reviewer edited them; None: the call's own).
+
+    ```python
+    answer = await nodbot.consume(decided)
+    approval = TokenApproval(answer.token, key=token_key(bearer), arguments=answer.arguments)
+    ctx = executor.context(run_id="thread-42", approval=approval)
+    await executor.run(ToolCall(name="refund", arguments=asked, id="call_1"), ctx)
+    ```
+    """
+
+    token: str
+    """The token's text, `nat1.<claims>.<mac>`."""
+    key: bytes = field(repr=False)
+    """The key the token verifies under: `token_key(bearer_token)`."""
+    arguments: Mapping[str, Any] | None = None
+    """The arguments to run the call with, as the decision allows them (a reviewer's edit
+    merged in); None: the call's own arguments."""
+
+    def decision_for(
+        self, *, run_id: str, call_id: str, tool: str, arguments: Mapping[str, Any]
+    ) -> tuple[ApprovalToken, Decision]:
+        """The token's claims and its decision for the call of `tool` with `arguments` (as
+        given) that run `run_id` made as `call_id`, once the token verifies and answers
+        that very call, with arguments its claims allow. Raises `InvalidApprovalToken`
+        otherwise, naming what does not match."""
+        claims = ApprovalToken.verify(self.token, self.key)
+        final = dict(arguments) if self.arguments is None else dict(self.arguments)
+        claims.check(run_id=run_id, call_id=call_id, tool=tool, arguments=arguments, final=final)
+        if not claims.approved:
+            return claims, Decision(
+                approved=False, reason=claims.reason, decided_by=claims.decided_by
+            )
+        edited = final if claims.edited_digest is not None else None
+        decision = Decision(
+            approved=True, edited_args=edited, reason=claims.reason, decided_by=claims.decided_by
+        )
+        return claims, decision
 
 
 def _mac(key: bytes, payload: str) -> bytes:

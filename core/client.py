@@ -74,11 +74,16 @@ With a token that has the scope `approvals:decide`, `decide(approval_id, answer)
 review as that token's name (`POST /approvals/{id}/decide`), and returns the approval as
 decided. `answer` is any form `as_decision` takes: `True`, `False`, `None`, a
 `ToolDecision`, a `Decision` (without `decided_by`: over the API the decider is the token's
-name), or a dict of one of the forms, LangChain's `{"type": "approve" | "edit" | "reject"}`
-among them. An answer of no known form raises `InvalidDecisionError` before anything is
-sent; what only the bot can check (that an `edited_action` names the call's tool, that the
-edit fits the tool, that this token may decide) comes back as an `ApprovalClientError` with
-the bot's status and message.
+name), or a dict of one of the forms, LangChain's `{"type": "approve" | "edit" | "reject" |
+"respond"}` among them. A respond (`{"type": "respond", "message": ...}`,
+`ToolDecision(action="respond", message=...)`) answers in the tool's place: the agent gets
+the message as the call's result, and the tool does not run; the call's rule must allow it.
+`Approval.response` is that answer once given (its status is `denied`: nothing ran);
+`guard` raises `CallDenied` for it, since the one-use token a decision is taken with does
+not carry the answer. An answer of no known form raises `InvalidDecisionError` before
+anything is sent; what only the bot can check (that an `edited_action` names the call's
+tool, that the edit fits the tool, that this token may decide) comes back as an
+`ApprovalClientError` with the bot's status and message.
 
 ## Retries
 
@@ -209,6 +214,8 @@ class Approval:
     decided_by: str | None
     reason: str | None
     consumed: bool
+    response: str | None = None
+    """A respond's answer, given in the tool's place (the status is then `denied`)."""
 
     @property
     def decided(self) -> bool:
@@ -227,6 +234,7 @@ class Approval:
             decided_by=decision.get("decided_by"),
             reason=decision.get("reason"),
             consumed=bool(body.get("consumed")),
+            response=decision.get("response"),
         )
 
 
@@ -324,17 +332,25 @@ def _request_body(
 
 def _decide_body(answer: object, remember: bool) -> dict[str, Any]:
     """The body of `POST /approvals/{id}/decide` saying `answer`: a LangChain edit as such, so
-    that the bot checks the tool it names against the call's; the others as `action`,
-    `arguments` and `reason`. Raises `InvalidDecisionError` for an answer of no known form, a
-    malformed one, and one naming its decider."""
+    that the bot checks the tool it names against the call's; a respond as `action` and its
+    `message`; the others as `action`, `arguments` and `reason`. Raises
+    `InvalidDecisionError` for an answer of no known form, a malformed one, one naming its
+    decider, and a respond with a reason beside its answer (the API carries one text)."""
     decision, named = read_answer(answer)
     if decision.decided_by is not None:
         why = "over the API the decider is the token's name: leave decided_by out"
         raise InvalidDecisionError(
             f"not a decision to send: {why}", errors=[{"field": "decided_by", "message": why}]
         )
+    if decision.response is not None and decision.reason is not None:
+        why = "a respond carries its answer alone over the API: leave reason out"
+        raise InvalidDecisionError(
+            f"not a decision to send: {why}", errors=[{"field": "reason", "message": why}]
+        )
     body: dict[str, Any]
-    if named is not None:
+    if decision.response is not None:
+        body = {"action": "respond", "message": decision.response}
+    elif named is not None:
         body = {"type": "edit", "edited_action": {"name": named, "args": decision.edited_args}}
     elif decision.edited_args is not None:
         body = {"action": "edit", "arguments": decision.edited_args}

@@ -10,14 +10,23 @@ Answers come in the vocabularies of the seeds, and `as_decision` normalizes each
 - deny, the message the reason: `ToolDecision(action="deny", message=...)`,
   `{"action": "deny", "message": ...}`, LangChain's `{"type": "reject", "message": ...}`;
 - deny, no reason: `False`, `None`;
-- as given: `Decision(...)` and its dict `{"approved": ..., "edited_args": ..., "reason": ...}`;
-- anything else (`"yes"`, `1`, `{"decision": "yes"}`, LangChain's `respond`, not supported
-  yet) raises `InvalidDecisionError`.
+- respond, the reviewer answering in the tool's place, the message the answer:
+  `ToolDecision(action="respond", message=...)`, `{"action": "respond", "message": ...}`,
+  LangChain's `{"type": "respond", "message": ...}`;
+- as given: `Decision(...)` and its dict `{"approved": ..., "edited_args": ..., "reason": ...,
+  "response": ...}`;
+- anything else (`"yes"`, `1`, `{"decision": "yes"}`) raises `InvalidDecisionError`.
 
 An answer of no known form is refused, not read as a denial: a reviewer who meant to approve
 would otherwise deny without knowing it. An `edited_action` naming another tool than the
 call's is refused (an edit changes a call's arguments, never its tool). LangChain's edit
 gives the whole `args`; they are merged like any edit, so an edit cannot remove an argument.
+
+A respond is a `Decision` with `approved=False` and the reviewer's text as its `response`:
+the tool does not run, and the call's result, for the model, is that text (a normal result,
+not an error). It is recorded as a denial (nothing ran: the review's status is `denied`)
+whose audit says `respond`. Its text is needed (not blank) and bounded (`MAX_RESPONSE`
+characters), as it becomes what the model reads in the tool's place.
 """
 
 from __future__ import annotations
@@ -42,15 +51,17 @@ from nodbot.core.errors import InvalidDecisionError
 from nodbot.core.tools import canonical_json
 
 __all__ = [
-    "RESPOND_NOT_SUPPORTED",
+    "MAX_RESPONSE",
     "Decision",
     "ToolDecision",
     "ToolInterrupt",
     "approval_interrupt_id",
     "as_decision",
     "check_edit_arguments",
+    "check_response",
     "merge_edit",
     "read_answer",
+    "response_problem",
 ]
 
 
@@ -65,6 +76,29 @@ def approval_interrupt_id(tool_call_id: str) -> str:
             # surrogatepass: a lone surrogate (possible in JSON text) still gets an id.
             escaped.extend(f".{byte:02x}" for byte in char.encode("utf-8", "surrogatepass"))
     return "approve_" + "".join(escaped)
+
+
+MAX_RESPONSE = 2_000
+"""The most characters of a respond's text: as many as a reason may have over the bot's
+channels (`bot.forms.MAX_REASON`)."""
+
+
+def response_problem(response: str) -> str | None:
+    """What is wrong with a respond's text (blank, or over `MAX_RESPONSE` characters), in
+    words fit for the reviewer who wrote it; None when it may be given."""
+    if not response.strip():
+        return "a respond needs the text to give the model in the tool's place"
+    if len(response) > MAX_RESPONSE:
+        return f"the answer has {len(response)} characters; at most {MAX_RESPONSE} are allowed"
+    return None
+
+
+def check_response(response: str | None) -> str | None:
+    """A respond's text, checked (`response_problem`). Raises `ValueError` (a pydantic
+    validator's error)."""
+    if response is not None and (problem := response_problem(response)) is not None:
+        raise ValueError(problem)
+    return response
 
 
 @dataclass(frozen=True)
@@ -95,6 +129,11 @@ class Decision(BaseModel):
     """Why; for a denial the model is told this reason."""
     decided_by: str | None = None
     """Who decided: a user id, an email address, or `nodbot:<policy>` for automatic ones."""
+    response: str | None = Field(default=None, exclude_if=lambda value: value is None)
+    """A respond: the reviewer's answer, given to the model as the call's result in the
+    tool's place (only with `approved=False`: the tool does not run). Not blank, at most
+    `MAX_RESPONSE` characters. Left out of the decision's JSON when None, so that the other
+    decisions are stored as they always were."""
 
     @field_validator("edited_args")
     @classmethod
@@ -105,18 +144,27 @@ class Decision(BaseModel):
             raise ValueError("edited_args can only go with approved=True")
         return edited_args
 
+    @field_validator("response")
+    @classmethod
+    def _response_only_when_denied(cls, response: str | None, info: ValidationInfo) -> str | None:
+        if response is not None and info.data.get("approved") is not False:
+            raise ValueError("a response can only go with approved=False: the tool does not run")
+        return check_response(response)
+
 
 class ToolDecision(BaseModel):
-    """An answer in the approve / edit / deny form."""
+    """An answer in the approve / edit / deny / respond form."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    action: Literal["approve", "edit", "deny"]
-    """`approve` runs the call, `edit` runs it with changed arguments, `deny` refuses it."""
+    action: Literal["approve", "edit", "deny", "respond"]
+    """`approve` runs the call, `edit` runs it with changed arguments, `deny` refuses it,
+    `respond` answers in the tool's place (the tool does not run)."""
     arguments: dict[str, Any] | None = Field(default=None, validate_default=True)
     """For `edit`: the arguments to change. Their keys replace the call's; others are kept."""
-    message: str | None = None
-    """For `deny`: the reason the model is told. For the others: a note kept with the decision."""
+    message: str | None = Field(default=None, validate_default=True)
+    """For `deny`: the reason the model is told. For `respond` (needed): the answer the model
+    gets as the call's result. For the others: a note kept with the decision."""
 
     @field_validator("arguments")
     @classmethod
@@ -125,8 +173,19 @@ class ToolDecision(BaseModel):
     ) -> dict[str, Any] | None:
         return check_edit_arguments(info.data.get("action"), arguments)
 
+    @field_validator("message")
+    @classmethod
+    def _answer_of_respond(cls, message: str | None, info: ValidationInfo) -> str | None:
+        if info.data.get("action") != "respond":
+            return message
+        if message is None:
+            raise ValueError("a respond needs the message: the text the model gets instead")
+        return check_response(message)
+
     def to_decision(self, decided_by: str | None = None) -> Decision:
         """The same answer as a `Decision`."""
+        if self.action == "respond":
+            return Decision(approved=False, response=self.message, decided_by=decided_by)
         return Decision(
             approved=self.action != "deny",
             edited_args=self.arguments if self.action == "edit" else None,
@@ -136,20 +195,14 @@ class ToolDecision(BaseModel):
 
 
 def check_edit_arguments(action: object, arguments: dict[str, Any] | None) -> dict[str, Any] | None:
-    """The arguments of an approve / edit / deny answer, checked: an edit needs them, the
-    others take none. Raises `ValueError` (a pydantic validator's error)."""
+    """The arguments of an approve / edit / deny / respond answer, checked: an edit needs
+    them, the others take none. Raises `ValueError` (a pydantic validator's error)."""
     if action == "edit" and not arguments:
         raise ValueError("an edit needs the arguments to change")
-    if action in ("approve", "deny") and arguments is not None:
+    if action in ("approve", "deny", "respond") and arguments is not None:
         raise ValueError(f"arguments go with action 'edit', not {action!r}")
     return arguments
 
-
-RESPOND_NOT_SUPPORTED = (
-    "respond (the reviewer answering in the tool's place) is not supported yet: "
-    "answer approve, edit or reject"
-)
-"""Why LangChain's fourth decision type is refused."""
 
 _SHOWN_KEYS = 5
 """How many keys of a dict of no known form its error shows."""
@@ -176,14 +229,16 @@ class _EditedAction(BaseModel):
 
 
 class _LangChainDecision(BaseModel):
-    """A decision of LangChain's `HumanInTheLoopMiddleware` (approve, edit or reject)."""
+    """A decision of LangChain's `HumanInTheLoopMiddleware` (approve, edit, reject or
+    respond)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    type: Literal["approve", "edit", "reject"]
+    type: Literal["approve", "edit", "reject", "respond"]
     edited_action: _EditedAction | None = Field(default=None, validate_default=True)
-    message: str | None = None
-    """For `reject`: the reason the model is told. For the others: a note, as `ToolDecision`'s."""
+    message: str | None = Field(default=None, validate_default=True)
+    """For `reject`: the reason the model is told. For `respond` (needed): the answer the
+    model gets as the call's result. For the others: a note, as `ToolDecision`'s."""
 
     @field_validator("edited_action")
     @classmethod
@@ -193,11 +248,22 @@ class _LangChainDecision(BaseModel):
         kind = info.data.get("type")
         if kind == "edit" and edited is None:
             raise ValueError("an edit needs edited_action: {name, args}")
-        if kind in ("approve", "reject") and edited is not None:
+        if kind in ("approve", "reject", "respond") and edited is not None:
             raise ValueError(f"edited_action goes with type 'edit', not {kind!r}")
         return edited
 
+    @field_validator("message")
+    @classmethod
+    def _answer_of_respond(cls, message: str | None, info: ValidationInfo) -> str | None:
+        if info.data.get("type") != "respond":
+            return message
+        if message is None:
+            raise ValueError("a respond needs the message: the text the model gets instead")
+        return check_response(message)
+
     def to_decision(self, decided_by: str | None) -> Decision:
+        if self.type == "respond":
+            return Decision(approved=False, response=self.message, decided_by=decided_by)
         return Decision(
             approved=self.type != "reject",
             edited_args=self.edited_action.args if self.edited_action is not None else None,
@@ -259,8 +325,6 @@ def _read_mapping(answer: Mapping[Any, Any], decided_by: str | None) -> tuple[De
     if "approved" in answer:
         return read_answer(_validated(Decision, dict(answer), "Decision"), decided_by=decided_by)
     if "type" in answer:
-        if answer["type"] == "respond":
-            raise _invalid("LangChain decision", [("type", RESPOND_NOT_SUPPORTED)])
         said = _validated(_LangChainDecision, dict(answer), "LangChain decision")
         named = said.edited_action.name if said.edited_action is not None else None
         return said.to_decision(decided_by), named
@@ -274,8 +338,9 @@ def _read_mapping(answer: Mapping[Any, Any], decided_by: str | None) -> tuple[De
             "its own approval"
         )
     raise _no_form(
-        f"{found} names no form of decision: it needs `action` (approve, edit, deny), "
-        f"`type` (LangChain's approve, edit, reject) or `approved` (a Decision){hint}"
+        f"{found} names no form of decision: it needs `action` (approve, edit, deny, "
+        f"respond), `type` (LangChain's approve, edit, reject, respond) or `approved` (a "
+        f"Decision){hint}"
     )
 
 

@@ -25,7 +25,10 @@ NodbotError
 │   ├── StoreUnavailableError      it cannot be reached, opened or written
 │   ├── StoreSchemaError           its schema is missing, older or newer than this nodbot's
 │   └── CallInFlight               a run's call is in flight elsewhere: its result may come
-└── ConfigurationError             a tool, rule, predicate or port is set up wrongly
+├── ConfigurationError             a tool, rule, predicate or port is set up wrongly
+└── ResumeError                    a paused run cannot take this resume; nothing was recorded
+    ├── NotPendingError            an answer for a key no call of the run waits on
+    └── RunPausedError             new input on a run whose calls wait for review
 ```
 
 Every error carries structured, keyword-only attributes (`tool`, `approval_id`, `reason`,
@@ -54,9 +57,12 @@ __all__ = [
     "InvalidDecisionError",
     "MessageAlreadyProcessed",
     "NodbotError",
+    "NotPendingError",
+    "ResumeError",
     "RunConflict",
     "RunError",
     "RunNotFound",
+    "RunPausedError",
     "StoreError",
     "StoreSchemaError",
     "StoreUnavailableError",
@@ -423,3 +429,71 @@ class ConfigurationError(NodbotError):
     """A tool, rule, predicate or port is set up wrongly (raised where it is set up)."""
 
     kind = "configuration-error"
+
+
+class ResumeError(NodbotError):
+    """A paused run cannot take this resume: the answers name a call it does not wait on, or
+    the resume brings new input. It is raised before anything runs or is recorded.
+
+    A resume that leaves some of the run's pending calls unanswered is no error: those calls
+    stay pending (the run pauses again on them), and the others go on.
+    """
+
+    kind = "resume-error"
+
+    def __init__(self, message: str, *, run_id: str) -> None:
+        super().__init__(message)
+        self.run_id = run_id
+
+    def details(self) -> dict[str, Any]:
+        return {"run_id": self.run_id}
+
+
+class NotPendingError(ResumeError):
+    """An answer given on resume for a key (`approve_<call id>`, `LoopResult.interrupts`) that
+    is not pending in the run: no open call of its paused turn has that key, or that call's
+    review is decided already. `keys` are the keys at fault, `pending` the run's pending
+    ones. No answer was recorded."""
+
+    kind = "not-pending"
+
+    def __init__(self, *, run_id: str, keys: list[str], pending: list[str]) -> None:
+        named = ", ".join(_shown(key) for key in keys[:5])
+        waits = ", ".join(_shown(key) for key in pending[:20]) or "none"
+        super().__init__(
+            f"run {run_id} has no pending call with key {named} (pending: {waits})",
+            run_id=run_id,
+        )
+        self.keys = keys
+        self.pending = pending
+
+    def details(self) -> dict[str, Any]:
+        return {"run_id": self.run_id, "keys": self.keys, "pending": self.pending}
+
+
+class RunPausedError(ResumeError):
+    """New input on a paused run: messages after the turn whose calls wait for review, or a
+    new start (`Agent.run` with text) under the run id of a run whose reviews no call has
+    taken yet (pending, or decided and waiting for the resume).
+    While a run is paused it takes only answers; start another run for new input. `waiting`
+    are the keys (`approve_<call id>`) of the calls it waits on, when known."""
+
+    kind = "run-paused"
+
+    def __init__(self, *, run_id: str, waiting: list[str], reason: str) -> None:
+        waits = ", ".join(_shown(key) for key in waiting[:20])
+        on = f" on {waits}" if waits else ""
+        super().__init__(
+            f"run {run_id} is paused{on}: {reason}; answer its calls, or start another run",
+            run_id=run_id,
+        )
+        self.waiting = waiting
+
+    def details(self) -> dict[str, Any]:
+        return {"run_id": self.run_id, "waiting": self.waiting}
+
+
+def _shown(key: str) -> str:
+    """A key as an error message shows it: quoted, and cut to 100 characters (keys may come
+    from a request)."""
+    return repr(key if len(key) <= 100 else key[:100] + "...")

@@ -3,16 +3,26 @@
 ```
 run_call(call, ctx)
   ├─ unknown tool / invalid arguments ─────────────► error (nothing recorded)
+  ├─ ctx.approval (the caller's, taken once) ──────► its decision, in place of the port's
+  │                                                   (a token for another call: mismatch)
   ├─ no review needed ─────────────────────────────► the tool runs
   └─ review needed ─► port.request
                         ├─ Waiting ─────────────────► pending (nothing ran)
+                        ├─ answered (respond) ──────► ok, the reviewer's text (nothing ran)
                         ├─ denied ──────────────────► approval-denied (nothing ran)
                         └─ approved ─► edit merged and validated again ─► the tool runs once
 ```
 
 `run_call` reports every outcome in its `ToolResult` and never raises for them; `run`
-returns the value or raises the matching `NodbotError`. A `StoreError` is no outcome of the
-call (the store could not be asked or told): both raise it.
+returns the value or raises the matching `NodbotError`. A call a reviewer answered in the
+tool's place (a respond, `Decision.response`) has that text as its value, and no arguments:
+the tool did not run. A `StoreError` is no outcome of the call (the store could not be
+asked or told): both raise it.
+
+A caller's own approval (`ToolContext.approval`: a trusted `Decision`, or a `TokenApproval`
+checked against the call) is taken off the context by the first call run with it; the tool
+gets the context without it, so nothing it runs is covered. With a `DeferredApproval` port
+it is recorded on the call's review (channel `context`) and taken from there.
 """
 
 from __future__ import annotations
@@ -20,13 +30,16 @@ from __future__ import annotations
 import inspect
 import logging
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
+from nodbot.core.approval_tokens import InvalidApprovalToken, TokenApproval
 from nodbot.core.arguments_schema import schema_errors
-from nodbot.core.calls import ToolCall, ToolContext, ToolError, ToolResult, new_id
-from nodbot.core.decisions import as_decision, merge_edit
+from nodbot.core.calls import OneUseApproval, ToolCall, ToolContext, ToolError, ToolResult, new_id
+from nodbot.core.decisions import Decision, as_decision, merge_edit
 from nodbot.core.errors import (
     ApprovalDenied,
+    ApprovalMismatchError,
     ApprovalPending,
     ConfigurationError,
     InvalidArgumentsError,
@@ -39,16 +52,22 @@ from nodbot.core.ports import (
     ApprovalPort,
     Decided,
     DeferredApproval,
+    PortAnswer,
     Spent,
     Waiting,
 )
 from nodbot.core.rules import InterruptRule, should_interrupt
-from nodbot.core.store import ApprovalRecord, ApprovalRequest, Evidence, KeptResult
+from nodbot.core.store import ApprovalRecord, ApprovalRequest, Evidence, KeptResult, action_of
 from nodbot.core.tools import Tool, ToolRegistry, ValidatedArguments, arguments_digest
 
-__all__ = ["Executor"]
+__all__ = ["CALLER_CHANNEL", "TOKENS_KEPT", "Executor"]
 
 log = logging.getLogger(__name__)
+
+CALLER_CHANNEL = "context"
+"""The channel through which a caller's own approval (`ToolContext.approval`) is recorded."""
+TOKENS_KEPT = 10_000
+"""The approval tokens an executor remembers having run a call on, at most (newest kept)."""
 
 
 class Executor:
@@ -68,6 +87,9 @@ class Executor:
         self.registry = registry
         self.approval = approval
         self.rules = tuple(rules)
+        self._tokens_run: dict[str, None] = {}
+        """The approvals whose tokens (`ToolContext.approval`) calls of this executor have
+        taken, oldest first (`TOKENS_KEPT` at most): each covers one call."""
 
     def context(
         self,
@@ -76,16 +98,20 @@ class Executor:
         requested_by: str | None = None,
         metadata: dict[str, Any] | None = None,
         spent: list[Spent] | None = None,
+        approval: Decision | TokenApproval | None = None,
     ) -> ToolContext:
         """A context for one run. Keep its `run_id`: a resume must use the same one. With
         `spent`, the approvals its calls spend are collected there instead of recorded
-        finished one by one (`ToolContext.spent`)."""
+        finished one by one (`ToolContext.spent`). With `approval`, your own `Decision` or
+        an adapter-issued `TokenApproval` covers the first call run with it, and only that
+        one (`ToolContext.approval`)."""
         return ToolContext(
             run_id=run_id or new_id("run_"),
             executor=self,
             requested_by=requested_by,
             metadata=dict(metadata or {}),
             spent=spent,
+            approval=OneUseApproval(approval) if approval is not None else None,
         )
 
     async def run_call(self, call: ToolCall, ctx: ToolContext) -> ToolResult:
@@ -155,9 +181,7 @@ class Executor:
             approval_id, decision, channel=channel, person=person, evidence=evidence
         )
         # Logged here, where every channel's decisions are recorded: once each.
-        action = "approve" if decision.approved else "deny"
-        if decision.edited_args is not None:
-            action = "edit"  # only an approval carries an edit
+        action = action_of(decision)
         log.info(
             "decision",
             extra={
@@ -199,13 +223,75 @@ class Executor:
         )
         return await self.needs_review(tool, checked, ctx)
 
-    async def _execute(self, call: ToolCall, ctx: ToolContext) -> tuple[Any, dict[str, Any]]:
+    def _caller_decision(
+        self, given: Decision | TokenApproval, tool: Tool, call: ToolCall, ctx: ToolContext
+    ) -> tuple[Decision, Evidence | None] | None:
+        """The decision the caller's approval (`ToolContext.approval`) makes for `call`, and
+        what the audit keeps of it; None for a token this executor has taken already (the
+        call then goes to the port, as without one). Raises `ApprovalMismatchError` for a
+        token that does not verify or is for another call."""
+        if isinstance(given, Decision):
+            return given, None
+        try:
+            claims, decision = given.decision_for(
+                run_id=ctx.run_id, call_id=call.id, tool=tool.name, arguments=call.arguments
+            )
+        except InvalidApprovalToken as refused:
+            raise ApprovalMismatchError(
+                tool=tool.name, approval_id="(token)", reason=refused.message
+            ) from None
+        if claims.approval_id in self._tokens_run:
+            return None  # spent: it covers one call
+        self._tokens_run[claims.approval_id] = None
+        while len(self._tokens_run) > TOKENS_KEPT:
+            del self._tokens_run[next(iter(self._tokens_run))]
+        return decision, {"approval_token": claims.approval_id}
+
+    async def _decided_by_caller(
+        self, request: ApprovalRequest, decision: Decision, evidence: Evidence | None
+    ) -> PortAnswer:
+        """The caller's decision for the call of `request`, instead of the port's: recorded
+        on the call's review when the port is a `DeferredApproval` (channel `context`) and
+        taken from there as any decision is, else logged. Raises `ApprovalMismatchError`
+        when the call's active review was made for another call, and
+        `ApprovalAlreadyDecided` when someone decided it first (nothing runs then)."""
+        log.info(
+            "decision",
+            extra={
+                "run_id": request.run_id,
+                "call_id": request.call_id,
+                "tool": request.tool,
+                "decided_by": decision.decided_by,
+                "action": action_of(decision),
+                "channel": CALLER_CHANNEL,
+            },
+        )
+        port = self.approval
+        if not isinstance(port, DeferredApproval):
+            return Decided(decision)  # no store to record it in
+        record = await port.store.create(request)
+        stored = record.request
+        if stored.tool != request.tool or stored.digest != request.digest:
+            made_for = "another tool" if stored.tool != request.tool else "other arguments"
+            raise ApprovalMismatchError(
+                tool=request.tool,
+                approval_id=record.approval_id,
+                reason=f"the call's review was made for {made_for}",
+            )
+        await port.store.decide(
+            record.approval_id, decision, channel=CALLER_CHANNEL, evidence=evidence
+        )
+        # Taken as the store's deferred approvals are, past any rules of the port: the
+        # caller decided. The port's own `request` might decide otherwise without taking it.
+        return await DeferredApproval.request(port, request)
+
+    async def _execute(self, call: ToolCall, ctx: ToolContext) -> tuple[Any, dict[str, Any] | None]:
+        given, ctx = _taken(ctx)  # the caller's approval covers this call only
         tool = self.registry.get(call.name)
         validated = tool.validate(call.arguments)
-        if not await self._needs_review(tool, call, validated, ctx):
+        by_caller = self._caller_decision(given, tool, call, ctx) if given is not None else None
+        if by_caller is None and not await self._needs_review(tool, call, validated, ctx):
             return await self._invoke(tool, validated, ctx), validated.canonical
-        if self.approval is None:
-            raise ApprovalDenied(tool=tool.name, reason=NO_PORT_REASON, decided_by="nodbot")
         request = ApprovalRequest(
             run_id=ctx.run_id,
             call_id=call.id,
@@ -214,12 +300,22 @@ class Executor:
             digest=arguments_digest(validated.canonical),
             requested_by=ctx.requested_by,
         )
-        answer = await self.approval.request(request)
+        answer: PortAnswer
+        if by_caller is not None:
+            answer = await self._decided_by_caller(request, *by_caller)
+        elif self.approval is not None:
+            answer = await self.approval.request(request)
+        else:
+            raise ApprovalDenied(tool=tool.name, reason=NO_PORT_REASON, decided_by="nodbot")
         if isinstance(answer, Waiting):
             raise ApprovalPending(
                 tool=tool.name, approval_id=answer.approval_id, arguments=validated.canonical
             )
         decision = answer.decision
+        if decision.response is not None:
+            # A reviewer answered in the tool's place: the text is the call's result, and
+            # the tool does not run (so no arguments). A denial: its taking spent it.
+            return decision.response, None
         if not decision.approved:
             raise ApprovalDenied(
                 tool=tool.name,
@@ -232,7 +328,6 @@ class Executor:
     async def _run_approved(
         self, tool: Tool, validated: ValidatedArguments, answer: Decided, ctx: ToolContext
     ) -> tuple[Any, dict[str, Any]]:
-        assert self.approval is not None
         outcome = "cancelled"
         result: KeptResult | None = None
         try:
@@ -264,7 +359,7 @@ class Executor:
                 spent = self.approval.spent(answer, outcome=outcome, result=result)
                 if spent is not None:
                     ctx.spent.append(spent)  # recorded by whoever collects them
-            else:
+            elif self.approval is not None:  # none: the caller's own decision ran it
                 await self.approval.settle(answer, outcome=outcome)
 
     async def _invoke(self, tool: Tool, validated: ValidatedArguments, ctx: ToolContext) -> Any:
@@ -272,6 +367,16 @@ class Executor:
             return await tool.invoke(validated.values, ctx)
         except Exception as exc:
             raise ToolExecutionError(tool=tool.name, error=exc) from exc
+
+
+def _taken(ctx: ToolContext) -> tuple[Decision | TokenApproval | None, ToolContext]:
+    """The approval the caller set on `ctx`, taken (it covers this call only; None when
+    there is none or it is spent), and the context the call goes on with: without it, so
+    that whatever the call runs (its tool, a nested call with the tool's context) is never
+    covered by it."""
+    if ctx.approval is None:
+        return None, ctx
+    return ctx.approval.take(), replace(ctx, approval=None)
 
 
 def _kept(tool: Tool, kept: KeptResult) -> tuple[Any, dict[str, Any]]:

@@ -9,27 +9,50 @@ if result.finish == "pending":
 
 The messages are the whole state of a run: a run resumed from them answers the calls that
 were waiting and goes on. Calls already answered are never run again.
+
+A resume may bring the reviewers' answers itself, by key (seed 001's `Resume(answers=...)`):
+`run_tool_loop(chat, result.messages, ctx, answers={"approve_call_1": True},
+decided_by="ana")` records each on the review of its call before the loop goes on. The
+resume checks come first, and nothing is recorded or run when one fails:
+
+- an answer for a key that is not pending in the run (no open call of the paused turn has
+  it, or its review is decided already) raises `NotPendingError`, naming it;
+- new input on a paused run (a message after the turn whose calls wait, or `Agent.run`
+  with text under the run id of a run whose reviews no call has taken yet: pending, or
+  decided and waiting for the resume) raises `RunPausedError`;
+- an answer of no known form raises `InvalidDecisionError`, an edit the tool's model
+  refuses `InvalidArgumentsError`.
+
+A resume that leaves pending calls unanswered is no error: those calls stay pending, and
+the result is `pending` again.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from typing import Annotated, Any, Literal, Protocol, TypeAlias, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic_core import to_jsonable_python
 
 from nodbot.core.calls import ToolCall, ToolContext, ToolResult
-from nodbot.core.decisions import ToolInterrupt
-from nodbot.core.errors import ConfigurationError
+from nodbot.core.decisions import ToolInterrupt, approval_interrupt_id, as_decision, merge_edit
+from nodbot.core.errors import (
+    ConfigurationError,
+    NodbotError,
+    NotPendingError,
+    RunPausedError,
+)
 from nodbot.core.executor import Executor
-from nodbot.core.ports import ApprovalPort
+from nodbot.core.ports import ApprovalPort, DeferredApproval
 from nodbot.core.rules import InterruptRule
-from nodbot.core.tools import ToolRegistry, ToolSpec
+from nodbot.core.store import ApprovalRecord
+from nodbot.core.tools import ToolRegistry, ToolSpec, arguments_digest
 
 __all__ = [
+    "RESUME_CHANNEL",
     "Agent",
     "AssistantMessage",
     "ChatModel",
@@ -43,6 +66,9 @@ __all__ = [
     "ToolMessage",
     "run_tool_loop",
 ]
+
+RESUME_CHANNEL = "resume"
+"""The channel through which answers given on resume (`answers=`) are recorded."""
 
 
 class _Message(BaseModel):
@@ -152,15 +178,34 @@ class LoopResult:
 
 
 async def run_tool_loop(
-    chat: ChatModel, messages: Sequence[Message], ctx: ToolContext, *, max_turns: int = 20
+    chat: ChatModel,
+    messages: Sequence[Message],
+    ctx: ToolContext,
+    *,
+    max_turns: int = 20,
+    answers: Mapping[str, object] | None = None,
+    decided_by: str | None = None,
 ) -> LoopResult:
     """Alternate model turns and tool calls until the model answers without calls.
 
     Every call goes through `ctx.executor`. Several calls in one turn each get their own
     review; the ones that need none run at once. A denial reaches the model as a tool message
-    carrying the reason.
+    carrying the reason. The calls are the model's: a caller's own approval
+    (`ToolContext.approval`) covers none of them (the loop's context carries none).
+
+    `answers` decides, as `decided_by`, calls of the paused turn by their key
+    (`LoopResult.interrupts`), any form `as_decision` takes, before the loop goes on (see
+    the module). Raises `NotPendingError` and `RunPausedError` (see the module),
+    `InvalidDecisionError` and `InvalidArgumentsError` for an answer that is not well
+    formed, and `ConfigurationError` for answers without a `DeferredApproval` port; all
+    before anything is recorded or run.
     """
     conversation: list[Message] = list(messages)
+    if ctx.approval is not None:
+        ctx = replace(ctx, approval=None)  # never the loop's: see `ToolContext.approval`
+    _refuse_new_input(conversation, ctx.run_id)
+    if answers:
+        await _record_answers(conversation, ctx, answers, decided_by)
     tools = ctx.executor.registry.specs()
     for _ in range(max_turns):
         pending = await _answer_open_calls(conversation, ctx)
@@ -175,8 +220,9 @@ async def run_tool_loop(
     return LoopResult("max_turns", conversation)
 
 
-async def _answer_open_calls(conversation: list[Message], ctx: ToolContext) -> list[PendingCall]:
-    """Run the calls of the last assistant turn that have no tool message yet."""
+def _open_turn(conversation: Sequence[Message]) -> tuple[int, list[ToolCall]]:
+    """The index of the last assistant turn (-1: none) and its calls that have no tool
+    message yet, in order."""
     turn = next(
         (
             i
@@ -186,14 +232,95 @@ async def _answer_open_calls(conversation: list[Message], ctx: ToolContext) -> l
         None,
     )
     if turn is None:
-        return []
+        return -1, []
     last = conversation[turn]
     assert isinstance(last, AssistantMessage)
     answered = {m.tool_call_id for m in conversation[turn + 1 :] if isinstance(m, ToolMessage)}
-    pending = []
-    for call in last.tool_calls:
-        if call.id in answered:
+    return turn, [call for call in last.tool_calls if call.id not in answered]
+
+
+def _refuse_new_input(conversation: Sequence[Message], run_id: str) -> None:
+    """Raise `RunPausedError` when a message other than a call's result follows the turn
+    whose calls wait: a paused run takes only answers."""
+    turn, open_calls = _open_turn(conversation)
+    if not open_calls:
+        return
+    later = [m for m in conversation[turn + 1 :] if not isinstance(m, ToolMessage)]
+    if later:
+        raise RunPausedError(
+            run_id=run_id,
+            waiting=[approval_interrupt_id(call.id) for call in open_calls],
+            reason=f"a {later[0].role} message came after the turn whose calls wait",
+        )
+
+
+async def _pending_reviews(
+    conversation: Sequence[Message], ctx: ToolContext, port: DeferredApproval
+) -> dict[str, ApprovalRecord]:
+    """The reviews the run waits on, by key: those of the open calls of its paused turn
+    that are pending, made for that very call (its tool and validated arguments)."""
+    pending: dict[str, ApprovalRecord] = {}
+    for call in _open_turn(conversation)[1]:
+        record = await port.store.find(ctx.run_id, call.id)
+        if record is None or record.decision is not None or record.request.tool != call.name:
             continue
+        try:
+            canonical = ctx.executor.registry.get(call.name).validate(call.arguments).canonical
+        except NodbotError:
+            continue  # a call that cannot run waits on nothing
+        if record.request.digest == arguments_digest(canonical):
+            pending[approval_interrupt_id(call.id)] = record
+    return pending
+
+
+async def _record_answers(
+    conversation: Sequence[Message],
+    ctx: ToolContext,
+    answers: Mapping[str, object],
+    decided_by: str | None,
+) -> None:
+    """Record each answer on the pending review its key names (see `run_tool_loop`),
+    once every one of them is checked."""
+    port = ctx.executor.approval
+    if not isinstance(port, DeferredApproval):
+        raise ConfigurationError("answers on resume need an executor with a DeferredApproval port")
+    pending = await _pending_reviews(conversation, ctx, port)
+    wrong = [str(key) for key in answers if key not in pending]
+    if wrong:
+        raise NotPendingError(run_id=ctx.run_id, keys=wrong, pending=list(pending))
+    for key, answer in answers.items():  # checked, all of them, before any is recorded
+        request = pending[key].request
+        decision = as_decision(answer, decided_by=decided_by, tool=request.tool)
+        if decision.edited_args is not None:
+            merged = merge_edit(request.arguments, decision.edited_args)
+            ctx.executor.registry.get(request.tool).validate(merged, source="edited arguments")
+    for key, answer in answers.items():
+        await ctx.executor.decide(
+            pending[key].approval_id, answer, decided_by=decided_by, channel=RESUME_CHANNEL
+        )
+
+
+async def _refuse_restart(ctx: ToolContext) -> None:
+    """Raise `RunPausedError` when the run of `ctx` has reviews in the executor's store that
+    no call has taken yet (pending, or decided and waiting for the resume): new text would
+    start another conversation under its id, whose calls could take them."""
+    port = ctx.executor.approval
+    if not isinstance(port, DeferredApproval):
+        return  # nothing of the run is stored: nothing waits
+    records = await port.store.list(run_id=ctx.run_id)
+    waiting = [record for record in records if not record.consumed]
+    if waiting:
+        raise RunPausedError(
+            run_id=ctx.run_id,
+            waiting=[record.request.interrupt.key for record in waiting],
+            reason="new text would start another conversation under its id",
+        )
+
+
+async def _answer_open_calls(conversation: list[Message], ctx: ToolContext) -> list[PendingCall]:
+    """Run the calls of the last assistant turn that have no tool message yet."""
+    pending = []
+    for call in _open_turn(conversation)[1]:
         result = await ctx.executor.run_call(call, ctx)
         if result.status == "pending":
             assert result.error is not None
@@ -247,8 +374,23 @@ class Agent:
         return start
 
     async def run(
-        self, input: str | Sequence[Message], ctx: ToolContext, *, max_turns: int = 20
+        self,
+        input: str | Sequence[Message],
+        ctx: ToolContext,
+        *,
+        max_turns: int = 20,
+        answers: Mapping[str, object] | None = None,
+        decided_by: str | None = None,
     ) -> LoopResult:
-        """Start a run from text, or resume one from its messages."""
-        messages = self.first_messages(input) if isinstance(input, str) else input
-        return await run_tool_loop(self.chat, messages, ctx, max_turns=max_turns)
+        """Start a run from text, or resume one from its messages (with `answers`, as
+        `run_tool_loop` takes them). Text under the run id of a run with reviews in the
+        executor's store that no call has taken yet raises `RunPausedError`: a paused run
+        takes only answers."""
+        if isinstance(input, str):
+            await _refuse_restart(ctx)
+            messages = self.first_messages(input)
+        else:
+            messages = list(input)
+        return await run_tool_loop(
+            self.chat, messages, ctx, max_turns=max_turns, answers=answers, decided_by=decided_by
+        )

@@ -103,7 +103,7 @@ KeptResult: TypeAlias = dict[str, Any]
 """What a call that ran gave, as JSON (`{"status": "ok", "value": ..., "arguments": {...}}`
 or `{"status": "error", "message": ..., "arguments": {...}}`), kept with its consumed
 approval when the step that ran it could not be saved (`ApprovalStore.keep_results`)."""
-DecisionAction: TypeAlias = Literal["approve", "edit", "deny"]
+DecisionAction: TypeAlias = Literal["approve", "edit", "deny", "respond"]
 Evidence: TypeAlias = Mapping[str, Any]
 """What a channel knows of who acted (JSON values): Slack `{"user", "team", "action_ts"}`,
 the web inbox `{"session"}`, the API `{"token"}`, the command line `{"os_user"}`."""
@@ -177,9 +177,10 @@ def timeout_decision(on_timeout: str) -> Decision:
 
 
 def action_of(decision: Decision) -> DecisionAction:
-    """What the reviewer did: `approve`, `edit` (approve with changed arguments) or `deny`."""
+    """What the reviewer did: `approve`, `edit` (approve with changed arguments), `deny`, or
+    `respond` (a denial that answers in the tool's place)."""
     if not decision.approved:
-        return "deny"
+        return "respond" if decision.response is not None else "deny"
     return "approve" if decision.edited_args is None else "edit"
 
 
@@ -192,14 +193,17 @@ def decision_detail(
     voters: Sequence[str] | None = None,
 ) -> dict[str, Any]:
     """The detail of a `voted` event (no `status`) or a `decided` one: the action, reason and
-    edit, the digest of the arguments the decision is bound to, the channel's evidence (left
-    out when there is none) and, for a review that needs several approvals, its voters."""
+    edit, a respond's answer (`response`, left out of the others), the digest of the
+    arguments the decision is bound to, the channel's evidence (left out when there is none)
+    and, for a review that needs several approvals, its voters."""
     found: dict[str, Any] = {
         "action": action_of(decision),
         "reason": decision.reason,
         "edited_args": decision.edited_args,
         "digest": digest,
     }
+    if decision.response is not None:
+        found["response"] = decision.response
     if status is not None:
         found["status"] = status
     if evidence is not None:

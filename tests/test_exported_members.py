@@ -50,6 +50,9 @@ EXPECTED = {
     "MemoryApprovalStore",
     "Message",
     "NodbotError",
+    "NotPendingError",
+    "ResumeError",
+    "RunPausedError",
     "Outbox",
     "PendingCall",
     "PortAnswer",
@@ -118,7 +121,7 @@ def test_every_listed_member_exists() -> None:
 def test_every_exported_exception_derives_from_nodbot_error() -> None:
     members = [getattr(core, name) for name in core.__all__]
     errors = [m for m in members if isinstance(m, type) and issubclass(m, BaseException)]
-    assert len(errors) == 25
+    assert len(errors) == 28
     assert [e.__name__ for e in errors if not issubclass(e, core.NodbotError)] == []
     assert len({e.kind for e in errors}) == len(errors)  # each reports its own kind
 

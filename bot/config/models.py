@@ -303,8 +303,9 @@ class Webhook(ConfigModel):
         return value
 
 
-ReviewDecision: TypeAlias = Literal["approve", "edit", "deny"]
-"""What a reviewer may answer."""
+ReviewDecision: TypeAlias = Literal["approve", "edit", "deny", "respond"]
+"""What a reviewer may answer; `respond` (answer in the tool's place) only where a rule
+lists it."""
 
 
 def _all_decisions() -> list[ReviewDecision]:
@@ -351,7 +352,9 @@ class ReviewPolicy(ConfigModel):
     direct message to each reviewer). Absent: the reviewers that are channels get it there,
     and the people (user ids, user groups, addresses) by direct message."""
     allowed_decisions: list[ReviewDecision] = Field(default_factory=_all_decisions)
-    """What reviewers may answer: a non-empty subset of approve, edit, deny."""
+    """What reviewers may answer: a non-empty subset of approve, edit, deny and respond.
+    `respond` (the reviewer's text becomes the call's result for the agent, and the tool does
+    not run) is allowed only where it is listed: the default leaves it out."""
     editable: list[str] | None = None
     """The arguments a reviewer may edit; absent means all of them."""
     edit_bounds: list[BoundSpec] | None = None
@@ -390,7 +393,7 @@ class ReviewPolicy(ConfigModel):
     @classmethod
     def _decisions(cls, value: list[ReviewDecision]) -> list[ReviewDecision]:
         if not value:
-            raise problem("expected at least one of approve, edit, deny")
+            raise problem("expected at least one of approve, edit, deny, respond")
         if len(set(value)) != len(value):
             raise problem(f"each decision may be listed once, not {value}")
         return value

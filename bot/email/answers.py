@@ -48,6 +48,15 @@ REFERENCES = 10
 """Message-IDs of the thread kept in an answer's References at most (the newest)."""
 
 
+_SAID = {
+    "approve": "approved",
+    "deny": "denied",
+    "edit": "approved, with edits,",
+    "respond": "answered, in the tool's place,",
+}
+"""What a reply that decided did, as its answer says it."""
+
+
 class Answers:
     """Writes and sends the answers (see the module)."""
 
@@ -87,9 +96,7 @@ class Answers:
         context: dict[str, Any] = {
             "status": status,
             "reason": reason,
-            "said": {"approve": "approved", "deny": "denied", "edit": "approved, with edits,"}.get(
-                said or "", "decided"
-            ),
+            "said": _SAID.get(said or "", "decided"),
             "tool": record.request.tool,
             "approval_id": record.approval_id,
             "address": address,

@@ -378,6 +378,7 @@ class EmailChannel:
             "decided_by": decision.decided_by,
             "decided_at": _when(record.decided_at or datetime.now(UTC)),
             "reason": decision.reason,
+            "answer": decision.response,
             "edited": _shown(decision.edited_args or {}),
             "approval_id": record.approval_id,
             "run_id": record.request.run_id,

@@ -59,6 +59,7 @@ from nodbot.bot.email.reading import (
     Edit,
     MessageTooComplex,
     Refused,
+    Respond,
     Sender,
     Unclear,
     parse,
@@ -86,6 +87,7 @@ from nodbot.core import (
     ToolRegistry,
     UnknownToolError,
 )
+from nodbot.core.decisions import response_problem
 from nodbot.core.store import MESSAGE_ID, MESSAGE_ID_BYTES, MessageAlreadyProcessed
 
 __all__ = ["CHANNEL", "Inbound", "Outcome"]
@@ -309,9 +311,7 @@ class Inbound:
         said = await asyncio.to_thread(reply_command, read.message, editable=editable)
         if isinstance(said, Unclear):
             return await refuse(said.reason)
-        refuse.said = (
-            "deny" if isinstance(said, Deny) else "edit" if isinstance(said, Edit) else "approve"
-        )
+        refuse.said = said.kind
         refuse.remember = isinstance(said, Approve) and said.remember
         decision = self._decision(said, record, address)
         if isinstance(decision, str):
@@ -364,6 +364,11 @@ class Inbound:
             if too_long is not None:
                 return too_long
             return Decision(approved=False, reason=said.reason, decided_by=address)
+        if isinstance(said, Respond):
+            wrong = response_problem(said.text)
+            if wrong is not None:
+                return wrong
+            return Decision(approved=False, response=said.text, decided_by=address)
         if not isinstance(said, Edit):
             if said.remember and scope_of(record.request) is None:
                 return NOT_REMEMBERED

@@ -68,6 +68,7 @@ __all__ = [
     "MessageTooComplex",
     "Problem",
     "Refused",
+    "Respond",
     "Sender",
     "Unclear",
     "command",
@@ -537,6 +538,16 @@ class Deny:
 
 
 @dataclass(frozen=True)
+class Respond:
+    """The reviewer answers in the tool's place: the tool does not run, and the agent gets
+    `text` as the call's result (where the rule allows `respond`)."""
+
+    text: str
+    """The rest of the `respond` line and the lines below it (not blank)."""
+    kind: Literal["respond"] = "respond"
+
+
+@dataclass(frozen=True)
 class Edit:
     """The reviewer approves the call with some arguments changed."""
 
@@ -556,6 +567,7 @@ Problem: TypeAlias = Literal[
     "edit_empty",
     "not_editable",
     "parts_disagree",
+    "respond_empty",
 ]
 """Why a reply decided nothing."""
 
@@ -573,17 +585,20 @@ class Unclear:
     kind: Literal["unclear"] = "unclear"
 
 
-Command: TypeAlias = Approve | Deny | Edit
+Command: TypeAlias = Approve | Deny | Edit | Respond
 """A decision a reply asks for."""
 
 
 _HOW = (
-    'Reply with "approve", "deny" (optionally followed by a reason), or "edit" followed by '
-    '"name: value" lines, as the first line above the quoted request.'
+    'Reply with "approve", "deny" (optionally followed by a reason), "edit" followed by '
+    '"name: value" lines, or, where the review allows it, "respond" followed by the answer to '
+    "give in the tool's place, as the first line above the quoted request."
 )
-_WORDS = ("approve", "deny", "edit")
+_WORDS = ("approve", "deny", "edit", "respond")
+_FREE_TEXT = ("deny", "respond")
+"""The words whose text runs on below their line (so a later line may start with a word)."""
 _FIRST = re.compile(
-    r"^(approve|deny|edit)\b[\s.,:;!\-\u2013\u2014]*(.*)$", re.IGNORECASE | re.DOTALL
+    r"^(approve|deny|edit|respond)\b[\s.,:;!\-\u2013\u2014]*(.*)$", re.IGNORECASE | re.DOTALL
 )
 _PAIR = re.compile(r"^([A-Za-z_][\w.\-]*)\s*[:=]\s*(.*)$")
 
@@ -616,6 +631,14 @@ def command(text: str, *, editable: Sequence[str]) -> Command | Unclear:
     if word == "deny":
         reason = "\n".join([rest, *below]).strip()
         return Deny(reason or None)
+    if word == "respond":
+        answer = "\n".join([rest, *below]).strip()
+        if not answer:
+            return Unclear(
+                "respond_empty",
+                f'"respond" needs the answer after it (on its line or below). {_HOW}',
+            )
+        return Respond(answer)
     return _edit([rest, *below] if rest else below, editable)
 
 
@@ -625,7 +648,8 @@ def reply_command(message: EmailMessage, *, editable: Sequence[str]) -> Command 
     `Unclear` ("parts_disagree"): which one its reviewer saw depends on their mail client, and
     text hidden in one of them (see `html_text`) must not decide. They agree when they make
     the same decision (approve, approve and remember, deny, or the same edit), a denial's
-    reason aside (the two parts wrap and sign it differently); the text part's is taken."""
+    reason aside (the two parts wrap and sign it differently), or both respond (the answer
+    aside, for the same reason); the text part's is taken."""
     plain = message.get_body(preferencelist=("plain",))
     html = message.get_body(preferencelist=("html",))
     said = command(_part_text(plain if plain is not None else html), editable=editable)
@@ -649,6 +673,8 @@ def _same(one: Command | Unclear, other: Command | Unclear) -> bool:
         return one.remember == other.remember
     if isinstance(one, Edit) and isinstance(other, Edit):
         return _spaced(one.arguments) == _spaced(other.arguments)
+    if isinstance(one, Respond) and isinstance(other, Respond):
+        return True
     return isinstance(one, Deny) and isinstance(other, Deny)
 
 
@@ -664,20 +690,23 @@ def _named(said: Command | Unclear) -> str:
         return "approve and remember" if said.remember else "approve"
     if isinstance(said, Deny):
         return "deny"
+    if isinstance(said, Respond):
+        return "respond"
     edits = ", ".join(f"{name}: {value}" for name, value in said.arguments.items())
     return f"edit {edits[:60]}"
 
 
 def _command_word(line: str, first: str) -> str | None:
     """The decision a later line names: a line that is only a decision word, or (after
-    approve or edit, which take no free text) one that starts with one."""
+    approve or edit, which take no free text) one that starts with one. After deny or
+    respond, a line that starts with one is part of their text."""
     words = line.lower().split()
     if not words:
         return None
     head = words[0].rstrip(".,:;!-")
     if head not in _WORDS:
         return None
-    if len(words) == 1 or first != "deny":
+    if len(words) == 1 or first not in _FREE_TEXT:
         return head
     return None
 

@@ -68,7 +68,7 @@ from nodbot.bot.metrics import METRICS
 from nodbot.bot.policy.authorize import AuthorizeDecision, Verdict
 from nodbot.bot.policy.people import People
 from nodbot.bot.policy.remember import NOT_REMEMBERED, remember_decision, scope_of
-from nodbot.bot.policy.rules import SELF_APPROVAL_REASON
+from nodbot.bot.policy.rules import SELF_APPROVAL_REASON, rule_refusal
 from nodbot.bot.service import BotService, WorkerHealth
 from nodbot.core import (
     ApprovalAlreadyDecided,
@@ -104,8 +104,8 @@ to refuse (None to allow). The bot's is `bot.authorize.Authorizer`."""
 CHANNEL = "api"
 
 STARTS_FOR_OTHERS_REASON = (
-    "a token with the scope runs:write-as may deny calls but not approve or edit them: it may "
-    "have started this run for someone else"
+    "a token with the scope runs:write-as may deny calls but not approve, edit or answer them: "
+    "it may have started this run for someone else"
 )
 
 _M = TypeVar("_M", bound=BaseModel)
@@ -115,12 +115,15 @@ async def refuse_self_approval(
     principal: str, record: ApprovalRecord, decision: Decision
 ) -> Verdict:
     """The default `authorize_decision`: whoever started the run may deny its calls, not
-    approve or edit them (handles compared as written, addresses case-insensitively)."""
+    approve or edit them (handles compared as written, addresses case-insensitively); and a
+    respond needs a rule that allows it (`rule_refusal`: the review's policy lists it)."""
     people = People()  # no entries, no Slack: handles as written
     person = await people.person(principal)
     requester = record.request.requested_by
     if decision.approved and requester is not None and await people.same(requester, principal):
         return Verdict(person.key, SELF_APPROVAL_REASON)
+    if decision.response is not None:
+        return Verdict(person.key, rule_refusal(record, decision))
     return Verdict(person.key, None)
 
 
@@ -405,9 +408,10 @@ class _ApprovalsApi:
 
 
 def _starts_for_others(record: ApprovalRecord, decision: Decision, verdict: Verdict) -> Verdict:
-    """A `runs:write-as` token's check: it may deny, never approve (it may have started the
-    run for someone else)."""
-    if decision.approved:
+    """A `runs:write-as` token's check: it may deny, never approve, nor answer in the tool's
+    place (it may have started the run for someone else, whose agent would take its answer
+    for the tool's)."""
+    if decision.approved or decision.response is not None:
         return Verdict(verdict.person, STARTS_FOR_OTHERS_REASON)
     return verdict
 

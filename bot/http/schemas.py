@@ -33,7 +33,6 @@ from nodbot.core import (
     StoreError,
     as_decision,
 )
-from nodbot.core.decisions import RESPOND_NOT_SUPPORTED
 from nodbot.core.store import IdempotencyKey, IdempotencyKeyUsed, KeptKey
 from nodbot.core.tools import canonical_json
 
@@ -135,11 +134,14 @@ class DecideBody(_Model):
     """The body of `POST /approvals/{id}/decide`, in nodbot's form (`action`) or in
     LangChain's (`type`), as `as_decision` takes them; the decider is the token's name."""
 
-    action: Literal["approve", "edit", "deny"] | None = None
-    """`approve` runs the call, `edit` runs it with changed arguments, `deny` refuses it."""
-    type: Literal["approve", "edit", "reject"] | None = None
-    """LangChain's decision, instead of `action`: `approve`, `edit` (with `edited_action`) or
-    `reject`. Its `respond` is not supported yet."""
+    action: Literal["approve", "edit", "deny", "respond"] | None = None
+    """`approve` runs the call, `edit` runs it with changed arguments, `deny` refuses it,
+    `respond` answers in the tool's place: the tool does not run, and the agent gets
+    `message` (needed) as the call's result. The rule must list `respond` in its
+    `allowed_decisions`."""
+    type: Literal["approve", "edit", "reject", "respond"] | None = None
+    """LangChain's decision, instead of `action`: `approve`, `edit` (with `edited_action`),
+    `reject` or `respond` (with `message`, the answer)."""
     arguments: dict[str, Any] | None = None
     """With `action: edit`: the arguments to change; the others keep their values."""
     edited_arguments: dict[str, Any] | None = None
@@ -147,7 +149,8 @@ class DecideBody(_Model):
     edited_action: EditedAction | None = None
     """With `type: edit`: `{"name": <the call's tool>, "args": {...}}`."""
     reason: Reason | None = None
-    """Why, at most 2,000 characters; a denied call's model is told this reason."""
+    """Why, at most 2,000 characters; a denied call's model is told this reason. With
+    `respond`: the answer the model gets as the call's result."""
     message: Reason | None = None
     """The same as `reason` (its name in LangChain and `ToolDecision`); both given must be
     equal."""
@@ -155,13 +158,6 @@ class DecideBody(_Model):
     """With an approval (not an edit), and when the call's rule has `remember:`: later
     identical calls under that rule are approved at once, as this decision, until it expires
     or is forgotten."""
-
-    @field_validator("type", mode="before")
-    @classmethod
-    def _no_respond(cls, kind: Any) -> Any:
-        if kind == "respond":
-            raise ValueError(RESPOND_NOT_SUPPORTED)
-        return kind
 
     @field_validator("arguments", "edited_arguments")
     @classmethod
@@ -185,8 +181,8 @@ class DecideBody(_Model):
         if (self.action is None) == (self.type is None):
             given = "both are given" if self.action is not None else "neither is given"
             raise ValueError(
-                "give `action` (approve, edit or deny) or LangChain's `type` (approve, edit or "
-                f"reject): {given}"
+                "give `action` (approve, edit, deny or respond) or LangChain's `type` "
+                f"(approve, edit, reject or respond): {given}"
             )
         return self
 
@@ -258,6 +254,9 @@ class DecisionView(_Model):
     """Why, if a reason was given."""
     decided_by: str | None
     """Who decided: the API token's name for decisions made here."""
+    response: str | None = None
+    """A respond: the reviewer's answer, given to the agent as the call's result in the
+    tool's place (the tool did not run; the status is `denied`). Null for the others."""
 
 
 class EventView(_Model):

@@ -409,12 +409,17 @@ def authorize_by_rules(
 def rule_refusal(record: ApprovalRecord, decision: Decision) -> str | None:
     """What the review's rule says of `decision` whoever makes it: None to allow, or the
     reason to refuse (a decision the rule does not allow, an argument it keeps, an edit out
-    of its bounds)."""
+    of its bounds). A respond (an answer in the tool's place) is allowed only by a rule that
+    lists it: a review whose policy names no `allowed_decisions` refuses it."""
     policy = record.request.policy
     action = "deny" if not decision.approved else "edit" if decision.edited_args else "approve"
+    if decision.response is not None:
+        action = "respond"
     allowed = policy.get("allowed_decisions")
-    if allowed is not None and action not in allowed:
-        return f"this call may not be decided with {action!r}; allowed: {', '.join(allowed)}"
+    listed = allowed is not None or action == "respond"
+    if listed and action not in (allowed or []):
+        may = ", ".join(allowed or ["approve", "edit", "deny"])
+        return f"this call may not be decided with {action!r}; allowed: {may}"
     editable = policy.get("editable")
     if action == "edit" and editable is not None and decision.edited_args:
         fixed = sorted(set(decision.edited_args) - set(editable))

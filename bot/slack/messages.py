@@ -30,6 +30,7 @@ from nodbot.bot.forms import EditField
 from nodbot.bot.policy.remember import scope_of
 from nodbot.bot.slack.text import clip, code, escape, plain, shown_value
 from nodbot.core import ApprovalRecord
+from nodbot.core.decisions import MAX_RESPONSE
 
 __all__ = [
     "ACTION_APPROVE",
@@ -37,8 +38,10 @@ __all__ = [
     "ACTION_DENY",
     "ACTION_EDIT",
     "ACTION_OPEN",
+    "ACTION_RESPOND",
     "DENY_CALLBACK",
     "EDIT_CALLBACK",
+    "RESPOND_CALLBACK",
     "Rendered",
     "answer_text",
     "decided_message",
@@ -50,6 +53,7 @@ __all__ = [
     "link",
     "remember_confirm",
     "request_message",
+    "respond_modal",
     "when",
     "who",
 ]
@@ -58,10 +62,13 @@ ACTION_APPROVE = "nodbot.approve"
 ACTION_APPROVE_REMEMBER = "nodbot.approve_remember"
 ACTION_EDIT = "nodbot.edit"
 ACTION_DENY = "nodbot.deny"
+ACTION_RESPOND = "nodbot.respond"
+"""The "Respond" button, where the rule allows a respond: it opens the respond modal."""
 ACTION_OPEN = "nodbot.open"
 """The "Open in inbox" link button: Slack opens its address; the click is only acknowledged."""
 EDIT_CALLBACK = "nodbot.edit"
 DENY_CALLBACK = "nodbot.deny"
+RESPOND_CALLBACK = "nodbot.respond"
 
 MAX_BLOCKS = 50
 SECTION = 3000
@@ -208,7 +215,9 @@ def request_message(
     """The review request: the tool, the rule's description, the arguments, who asked, the
     run, the deadline, and the buttons the rule allows (Approve asks to confirm when the tool
     is destructive; "Approve & remember", when the rule remembers, says for how long and for
-    which arguments), then "Open in inbox" when `page` (`inbox_page`) is given."""
+    which arguments; Respond, where the rule lists `respond`, opens a modal for the answer
+    the agent gets in the tool's place), then "Open in inbox" when `page` (`inbox_page`) is
+    given."""
     request = record.request
     tool = escape(request.tool)
     description = request.policy.get("description")
@@ -241,6 +250,10 @@ def request_message(
         buttons.append(
             {"action_id": ACTION_DENY, "label": "Deny", "style": "danger", "confirm": None}
         )
+    if "respond" in allowed:
+        buttons.append(
+            {"action_id": ACTION_RESPOND, "label": "Respond", "style": None, "confirm": None}
+        )
     note = "Some arguments are long: they are in full in this message's thread." if cut else None
     blocks = _render(
         "request.json.j2",
@@ -262,8 +275,9 @@ def decided_message(
     record: ApprovalRecord, *, remembered_until: datetime | None = None, page: str | None = None
 ) -> Rendered:
     """The request after its decision: the outcome, who decided and when (and until when the
-    approval is remembered), the edited arguments, no buttons, and a link to `page`
-    (`inbox_page`) in the footer when it is given."""
+    approval is remembered), the edited arguments or a respond's answer, no buttons, and a
+    link to `page` (`inbox_page`) in the footer when it is given. A respond is "Answered"
+    (the tool did not run; the agent got the answer)."""
     decision = record.decision
     request = record.request
     tool = escape(request.tool)
@@ -271,7 +285,9 @@ def decided_message(
     if decision is None:
         raise ValueError(f"approval {record.approval_id} is not decided")
     verb = (
-        "Denied"
+        "Answered"
+        if decision.response is not None
+        else "Denied"
         if not decision.approved
         else "Edited and approved"
         if decision.edited_args
@@ -286,6 +302,10 @@ def decided_message(
         )
     if decision.reason:
         outcome += "\n" + code(decision.reason, SECTION - len(outcome) - 1)
+    if decision.response is not None:
+        label = "\n*Answer given to the agent in the tool's place*\n"
+        room = max(SECTION - len(outcome) - len(label), 100)  # clipped below if over
+        outcome += label + code(decision.response, room)
     edited = None
     if decision.edited_args:
         label = "*Edited arguments*\n"
@@ -332,6 +352,18 @@ def deny_modal(record: ApprovalRecord) -> dict[str, Any]:
     """The Deny modal: an optional reason."""
     view: dict[str, Any] = _render(
         "deny_modal.json.j2", approval_id=record.approval_id, summary=_summary(record)
+    )
+    return view
+
+
+def respond_modal(record: ApprovalRecord) -> dict[str, Any]:
+    """The Respond modal: the answer (needed, at most `MAX_RESPONSE` characters) the agent
+    gets as the call's result; the tool does not run."""
+    view: dict[str, Any] = _render(
+        "respond_modal.json.j2",
+        approval_id=record.approval_id,
+        summary=_summary(record),
+        max_length=MAX_RESPONSE,
     )
     return view
 

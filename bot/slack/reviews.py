@@ -1,5 +1,7 @@
-"""Decisions made in Slack: the Approve, Approve & remember, Edit and Deny buttons and their
-modals, on a Bolt `AsyncApp` that Slack reaches over HTTP (`/slack/events`) or Socket Mode.
+"""Decisions made in Slack: the Approve, Approve & remember, Edit, Deny and Respond buttons and
+their modals, on a Bolt `AsyncApp` that Slack reaches over HTTP (`/slack/events`) or Socket
+Mode. Respond (where the rule lists `respond`) opens a modal for the reviewer's answer, which
+the agent gets as the call's result: the tool does not run.
 
 Every click is answered (`ack`) at once, as Slack requires within 3 seconds. Who may decide is
 the rule's say, kept with the review, checked person by person (`bot.authorize.Authorizer`):
@@ -60,10 +62,13 @@ from nodbot.bot.slack.messages import (
     ACTION_DENY,
     ACTION_EDIT,
     ACTION_OPEN,
+    ACTION_RESPOND,
     DENY_CALLBACK,
     EDIT_CALLBACK,
+    RESPOND_CALLBACK,
     deny_modal,
     edit_modal,
+    respond_modal,
 )
 from nodbot.bot.slack.text import clip, escape
 from nodbot.core import (
@@ -79,6 +84,7 @@ from nodbot.core import (
     ToolDecision,
     UnknownToolError,
 )
+from nodbot.core.decisions import response_problem
 from nodbot.core.store import utc_now
 
 __all__ = ["CHANNEL", "SlackReviews", "connect_socket_mode"]
@@ -88,6 +94,8 @@ log = logging.getLogger(__name__)
 CHANNEL = "slack"
 
 NOT_ITS_MESSAGE = "this button does not belong to this review"
+RESPOND_PROBE = "(the answer to come)"
+"""The text of the respond a Respond click asks the rules about: only its kind counts."""
 POSTED_WAIT = 5.0
 """How long (seconds) a click waits for the message it is on to be recorded: Slack answers
 a post before the outbox records the message, and a click may come in between."""
@@ -126,8 +134,10 @@ class SlackReviews:
         self.app.action(ACTION_APPROVE_REMEMBER)(self._approve_remember)
         self.app.action(ACTION_EDIT)(self._edit)
         self.app.action(ACTION_DENY)(self._deny)
+        self.app.action(ACTION_RESPOND)(self._respond)
         self.app.view(EDIT_CALLBACK)(self._edit_submitted)
         self.app.view(DENY_CALLBACK)(self._deny_submitted)
+        self.app.view(RESPOND_CALLBACK)(self._respond_submitted)
         self.app.event("member_joined_channel")(self._joined)
         self.app.action(ACTION_OPEN)(_acknowledge)
         self.counters: dict[str, int] = {"decisions": 0}
@@ -202,6 +212,20 @@ class SlackReviews:
             trigger_id=click.trigger_id, view=_with_message(deny_modal(record), click)
         )
 
+    async def _respond(self, ack: AsyncAck, body: dict[str, Any]) -> None:
+        await ack()
+        click = _Click.of(body)
+        record = await self._record(click)
+        if record is None:
+            return
+        # The rule's say on a respond, whatever its text: asked before the modal opens.
+        probe = Decision(approved=False, response=RESPOND_PROBE, decided_by=click.user)
+        if await self._allowed(click, record, probe) is None:
+            return
+        await self.channel.client.views_open(
+            trigger_id=click.trigger_id, view=_with_message(respond_modal(record), click)
+        )
+
     # --- modals -------------------------------------------------------------------------------
 
     async def _edit_submitted(
@@ -274,6 +298,25 @@ class SlackReviews:
         if record is None:
             return
         decision = Decision(approved=False, reason=reason, decided_by=click.user)
+        verdict = await self._allowed(click, record, decision)
+        if verdict is not None:
+            await self._decide(click, record, decision, verdict)
+
+    async def _respond_submitted(
+        self, ack: AsyncAck, body: dict[str, Any], view: dict[str, Any]
+    ) -> None:
+        state = view.get("state", {}).get("values", {})
+        text = (state.get("response", {}).get("value", {}) or {}).get("value") or ""
+        problem = response_problem(text)
+        if problem is not None:  # the modal stays open, saying so under the answer
+            await ack(response_action="errors", errors={"response": clip(problem, 150)})
+            return
+        await ack()
+        click = _Click.of_view(body, view)
+        record = await self._record(click, wait=False)
+        if record is None:
+            return
+        decision = Decision(approved=False, response=text, decided_by=click.user)
         verdict = await self._allowed(click, record, decision)
         if verdict is not None:
             await self._decide(click, record, decision, verdict)

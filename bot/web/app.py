@@ -14,8 +14,8 @@
 | `GET /inbox/events`                    | the list's live updates, server-sent events        |
 |                                        | (`live`)                                           |
 | `GET /inbox/approvals/{id}`            | one approval, its events and the decision forms    |
-| `POST /inbox/approvals/{id}/decide`    | approve, edit or deny (form-encoded); an approve   |
-|                                        | with `remember=yes` is remembered too              |
+| `POST /inbox/approvals/{id}/decide`    | approve, edit, deny or respond (form-encoded); an  |
+|                                        | approve with `remember=yes` is remembered too      |
 | `GET /inbox/remembered`                | the live remembered approvals this reviewer made   |
 | `POST /inbox/remembered/{id}/forget`   | forgets one of them, 303 back to the list          |
 | `POST /inbox/logout`                   | ends the session, in the store                     |
@@ -49,6 +49,12 @@ A `remember` on a rule without `remember:`, or with an edit or a deny, is refuse
 records nothing. `/inbox/remembered` lists the live ones the signed-in reviewer made (by
 handle, or as the same person through `People`), each with a Forget button; anyone else's is
 answered as an unknown id (404), and a session limited to one approval may open neither.
+
+Where the call's rule lists `respond`, the page offers "Respond instead": a text the agent
+gets as the call's result in the tool's place (the tool does not run), needed and at most
+`MAX_RESPONSE` characters; a blank or longer one is shown again with what is wrong (422),
+and nothing is recorded. Without `respond` in the rule there is no such form, and a posted
+respond is refused (403, recorded) like any decision the rule does not allow.
 
 The edit form is built from the tool's model for the tools this bot has, and for a tool that
 runs elsewhere from the JSON schema its caller sent with `POST /approvals` (`policy["schema"]`),
@@ -146,6 +152,7 @@ from nodbot.core import (
     ToolRegistry,
     UnknownToolError,
 )
+from nodbot.core.decisions import MAX_RESPONSE, response_problem
 from nodbot.core.delegations import Delegation, DelegationNotFound
 from nodbot.core.outbox import Outbox
 from nodbot.core.remembered import RememberedApproval, RememberedNotFound
@@ -169,8 +176,10 @@ NAMES_WAIT = 2.0
 MAX_NAMED = 20
 """The most handles of one page's history whose names are asked for."""
 
-Action: TypeAlias = Literal["approve", "edit", "deny"]
-ACTIONS: tuple[Action, ...] = ("approve", "edit", "deny")
+Action: TypeAlias = Literal["approve", "edit", "deny", "respond"]
+ACTIONS: tuple[Action, ...] = ("approve", "edit", "deny", "respond")
+RESPOND_PROBE = "(the answer to come)"
+"""The text of the respond the page asks the rules about: only its kind counts."""
 
 HOW_TO_SIGN_IN = (
     "Ask whoever runs nodbot for a sign-in link (they make one with "
@@ -571,7 +580,7 @@ class WebInbox:
             raise PageError(
                 422,
                 "Unknown decision",
-                f"The form asked for {action!r}; a decision is approve, edit or deny.",
+                f"The form asked for {action!r}; a decision is approve, edit, deny or respond.",
                 approval_id=record.approval_id,
             )
         remember = form.get("remember")
@@ -597,6 +606,18 @@ class WebInbox:
                 problem=f"{too_long[0].upper()}{too_long[1:]}: nothing was recorded.",
             )
         decision = Decision(approved=action != "deny", reason=reason, decided_by=who)
+        if action == "respond":
+            response = form.get("response", "").strip()
+            wrong = response_problem(response)
+            if wrong is not None:
+                return await self._approval_page(
+                    session,
+                    record,
+                    status=422,
+                    response=response,
+                    problem=f"{wrong[0].upper()}{wrong[1:]}: nothing was recorded.",
+                )
+            decision = Decision(approved=False, response=response, decided_by=who)
         if action == "edit":
             if record.decision is not None:  # nothing to show beside the fields any more
                 raise _already_decided(record.approval_id, record.decision.decided_by)
@@ -840,9 +861,11 @@ class WebInbox:
         confirming: bool = False,
         chosen: Action | None = None,
         remembering: bool = False,
+        response: str | None = None,
     ) -> Response:
-        """The approval's page; `chosen` (a review link's decision) picks its form out, and
-        `remembering` keeps an "approve and remember" through the confirmation step."""
+        """The approval's page; `chosen` (a review link's decision) picks its form out,
+        `remembering` keeps an "approve and remember" through the confirmation step, and
+        `response` is a respond's text shown again (one that was not accepted)."""
         who = session.principal
         events = await self.store.events(record.approval_id)
         voted = [e for e in events if e.kind == "voted"]
@@ -874,6 +897,8 @@ class WebInbox:
             may_decide=any(reason is None for reason in actions.values()),
             fields=fields if fields is not None else self._fields(record),
             reason=reason or "",
+            response=response or "",
+            max_response=MAX_RESPONSE,
             problem=problem,
             edited=_edited(record),
             destructive=self._destructive(record),
@@ -1060,10 +1085,14 @@ class WebInbox:
         self, who: str, record: ApprovalRecord
     ) -> tuple[str | None, dict[Action, str | None]]:
         """The person `who` stands for, and each action with why the policy refuses it to
-        them (None: allowed)."""
+        them (None: allowed); `respond` only where the rule lists it (elsewhere it is no
+        action to offer, nor to say is closed)."""
         approve = await self.authorize(who, record, Decision(approved=True))
         deny = await self.authorize(who, record, Decision(approved=False))
         found: dict[Action, str | None] = {"approve": approve.refusal, "deny": deny.refusal}
+        if "respond" in (record.request.policy.get("allowed_decisions") or []):
+            answer = Decision(approved=False, response=RESPOND_PROBE)
+            found["respond"] = (await self.authorize(who, record, answer)).refusal
         fields = self._fields(record)
         if record.request.approvals_required > 1:
             found["edit"] = "a review that needs several approvals cannot be edited"

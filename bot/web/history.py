@@ -65,7 +65,7 @@ _EXECUTOR_KINDS = frozenset({"consumed", "kept", "finished", "refused"})
 """Events that, through the `executor` channel, are the bot's own work."""
 _DIGEST_LIKE = re.compile(r"[0-9A-Fa-f]{16,}")
 _SUMMARY_KEYS = ("status", "action", "edited_args", "result", "outcome", "kind", "target", "error",
-                 "reason")  # fmt: skip
+                 "reason", "response")  # fmt: skip
 """Detail fields that may make the summary line (in this order), when they hold text."""
 
 

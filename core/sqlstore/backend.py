@@ -219,7 +219,8 @@ _DIGEST_SLOT = '"digest":""'
 
 def digest_bound(fields: dict[str, Any]) -> DigestBound:
     """`fields` (a `decision_detail`) as a `DigestBound`. Keys are sorted and only `action`
-    (approve, edit or deny) comes before `digest`, so the first slot found is the digest's."""
+    (approve, edit, deny or respond) comes before `digest`, so the first slot found is the
+    digest's."""
     text = canonical_json({**fields, "digest": ""})
     cut = text.index(_DIGEST_SLOT) + len(_DIGEST_SLOT) - 1
     return DigestBound(text[:cut], text[cut:])
@@ -317,7 +318,7 @@ class Act:
     def decided(self) -> DigestBound:
         """The detail of the `decided` event of `decide`, but for the digest."""
         decision = self.decision
-        if decision.edited_args is None and self.evidence is None:
+        if decision.edited_args is None and decision.response is None and self.evidence is None:
             return _plain_detail(decision.approved, decision.reason, self.status)
         return digest_bound(
             decision_detail(decision, digest="", status=self.status, evidence=self.evidence)
@@ -331,7 +332,7 @@ class Act:
     def voted(self) -> DigestBound:
         """The detail of this vote's `voted` event, but for the digest."""
         decision = self.decision
-        if decision.edited_args is None and self.evidence is None:
+        if decision.edited_args is None and decision.response is None and self.evidence is None:
             return _plain_detail(decision.approved, decision.reason, None)
         return digest_bound(decision_detail(decision, digest="", evidence=self.evidence))
 

@@ -755,7 +755,7 @@ def test_malformed_predicates_name_the_path(
             "tool: a\nreviewers: [U0123ABCDE]\nallowed_decisions: [approve, ok]",
             4,
             "rules.0.allowed_decisions.1",
-            "Input should be 'approve', 'edit' or 'deny'",
+            "Input should be 'approve', 'edit', 'deny' or 'respond'",
         ),
     ],
 )

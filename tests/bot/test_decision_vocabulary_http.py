@@ -3,8 +3,10 @@ client's `decide`, against the API served by uvicorn on a real SQLite store.
 
 Over HTTP a body says its decision in nodbot's form (`action`, with `arguments` or seed 003's
 `edited_arguments`, and `reason` or `message`) or in LangChain's (`type`, `edited_action`,
-`message`); the client takes every form `as_decision` takes. An edit naming another tool,
-`respond` and bodies of no known form are refused (422) and record nothing.
+`message`); the client takes every form `as_decision` takes. An edit naming another tool
+and bodies of no known form are refused (422) and record nothing. A `respond` (`action` or
+LangChain's `type`, with its answer as `message` or `reason`) is taken where the call's rule
+lists it, and refused (403, the refusal recorded) where it does not.
 """
 
 from __future__ import annotations
@@ -16,7 +18,15 @@ from typing import Any
 
 import pytest
 
-from nodbot.core import Decision, InvalidDecisionError, ToolCall, ToolContext, ToolDecision
+from nodbot.core import (
+    ApprovalRequest,
+    Decision,
+    InvalidDecisionError,
+    ToolCall,
+    ToolContext,
+    ToolDecision,
+    arguments_digest,
+)
 from nodbot.core.client import ApprovalClient, ApprovalClientError, SyncApprovalClient
 from tests.bot.test_http_approvals import SECRETS, Harness, served
 
@@ -40,7 +50,45 @@ async def client(api: Harness) -> AsyncIterator[ApprovalClient]:
 
 def view(approved: bool, edited_args: Any = None, reason: str | None = None) -> dict[str, Any]:
     """The decision as the API shows it, made by the token `ana`."""
-    return {"approved": approved, "edited_args": edited_args, "reason": reason, "decided_by": "ana"}
+    return {
+        "approved": approved,
+        "edited_args": edited_args,
+        "reason": reason,
+        "decided_by": "ana",
+        "response": None,
+    }
+
+
+ANSWER = "Refunds are paused today; the order is queued."
+ANSWERED = {**view(False), "response": ANSWER}
+"""A respond as the API shows it."""
+
+
+async def answerable(api: Harness, run_id: str) -> tuple[ToolCall, ToolContext, str]:
+    """A refund call of a new run that waits for a review whose rule allows `respond`."""
+    call = ToolCall(name="refund", arguments=ORDER, id="c1")
+    asked = ApprovalRequest(
+        run_id,
+        call.id,
+        "refund",
+        ORDER,
+        arguments_digest(ORDER),
+        requested_by="carl",
+        policy={"allowed_decisions": ["approve", "deny", "respond"]},
+    )
+    record = await api.store.create(asked)
+    ctx = api.executor.context(run_id=run_id, requested_by="carl")
+    waiting = await api.executor.run_call(call, ctx)  # the call takes its place in that review
+    assert waiting.status == "pending" and waiting.error is not None
+    assert waiting.error.details["approval_id"] == record.approval_id
+    return call, ctx, record.approval_id
+
+
+async def answered_with(api: Harness, call: ToolCall, ctx: ToolContext, text: str) -> None:
+    """The call, resumed in its run, is answered with `text`; the tool did not run."""
+    result = await api.executor.run_call(call, ctx)
+    assert (result.status, result.value, result.arguments) == ("ok", text, None)
+    assert api.refunds == []
 
 
 async def untouched(api: Harness, approval_id: str, events: int) -> bool:
@@ -110,7 +158,9 @@ async def test_each_form_over_http_is_recorded_as_its_decision(
 
 REFUSED = [
     pytest.param(OTHER_TOOL, "edited_action.name", id="edit-of-another-tool"),
-    pytest.param({"type": "respond", "message": "it is Tuesday"}, "type", id="respond"),
+    pytest.param({"type": "respond"}, "message", id="respond-without-answer"),
+    pytest.param({"action": "respond", "message": "  "}, "message", id="respond-blank"),
+    pytest.param({"action": "respond", "reason": "x" * 2_001}, "reason", id="respond-too-long"),
     pytest.param(
         {"action": "edit", "arguments": {"amount": 1}, "edited_arguments": {"amount": 2}},
         "edited_arguments",
@@ -147,6 +197,42 @@ async def test_a_refused_form_over_http_is_422_naming_the_field_and_records_noth
     assert response.status_code == 422, response.text
     assert field in [e["field"] for e in response.json()["details"]["errors"]]
     assert await untouched(api, approval_id, events)
+
+
+RESPONDS = [
+    pytest.param({"type": "respond", "message": ANSWER}, id="langchain-respond"),
+    pytest.param({"action": "respond", "message": ANSWER}, id="action-respond-message"),
+    pytest.param({"action": "respond", "reason": ANSWER}, id="action-respond-reason"),
+]
+
+
+@pytest.mark.parametrize("body", RESPONDS)
+async def test_a_respond_over_http_answers_in_the_tools_place_where_the_rule_allows_it(
+    api: Harness, body: dict[str, Any]
+) -> None:
+    call, ctx, approval_id = await answerable(api, "run_a")
+
+    response = await api.decide(approval_id, "ana", **body)
+
+    assert response.status_code == 200, response.text
+    assert response.json()["decision"] == ANSWERED
+    assert response.json()["status"] == "denied"  # nothing ran
+    await answered_with(api, call, ctx, ANSWER)
+
+
+async def test_a_respond_is_refused_where_the_rule_does_not_list_it(api: Harness) -> None:
+    """A review made without a rule (no `allowed_decisions`) refuses it too: a rule must
+    allow it."""
+    _, _, approval_id = await api.pending("run_a")
+
+    response = await api.decide(approval_id, "ana", type="respond", message=ANSWER)
+
+    assert response.status_code == 403, response.text
+    assert "may not be decided with 'respond'" in response.json()["error"]
+    record = await api.store.get(approval_id)
+    assert record.status == "pending"
+    [refused] = [e for e in await api.store.events(approval_id) if e.kind == "refused"]
+    assert refused.actor == "ana" and "'respond'" in refused.detail["reason"]
 
 
 async def test_an_edit_of_another_tool_says_which_tools(api: Harness) -> None:
@@ -229,15 +315,41 @@ async def test_each_form_through_the_client_is_recorded_as_its_decision(
     assert approval.status == ("approved" if decided["approved"] else "denied")
     assert (approval.decided_by, approval.reason) == ("ana", decided["reason"])
     record = await api.store.get(approval_id)
-    assert record.decision is not None and record.decision.model_dump() == decided
+    assert record.decision == Decision(**decided)
     await resumed_as(api, call, ctx, decided)
+
+
+CLIENT_RESPONDS = [
+    pytest.param({"type": "respond", "message": ANSWER}, id="langchain-respond"),
+    pytest.param({"action": "respond", "message": ANSWER}, id="action-respond"),
+    pytest.param(ToolDecision(action="respond", message=ANSWER), id="ToolDecision-respond"),
+    pytest.param(Decision(approved=False, response=ANSWER), id="Decision-respond"),
+]
+
+
+@pytest.mark.parametrize("answer", CLIENT_RESPONDS)
+async def test_a_respond_through_the_client_answers_in_the_tools_place(
+    api: Harness, client: ApprovalClient, answer: object
+) -> None:
+    call, ctx, approval_id = await answerable(api, "run_a")
+
+    approval = await client.decide(approval_id, answer)
+
+    assert (approval.status, approval.response, approval.decided_by) == ("denied", ANSWER, "ana")
+    assert (await client.get(approval_id)).response == ANSWER
+    await answered_with(api, call, ctx, ANSWER)
 
 
 NOT_SENT = [
     pytest.param({"decision": "yes"}, "(decision)", id="decision-yes"),
     pytest.param("yes", "(decision)", id="'yes'"),
     pytest.param(1, "(decision)", id="1"),
-    pytest.param({"type": "respond", "message": "it is Tuesday"}, "type", id="respond"),
+    pytest.param({"type": "respond"}, "message", id="respond-without-answer"),
+    pytest.param(
+        Decision(approved=False, response="it is Tuesday", reason="why"),
+        "reason",
+        id="respond-with-a-reason-too",
+    ),
     pytest.param(Decision(approved=True, decided_by="bob"), "decided_by", id="decided_by"),
     pytest.param({"approved": True, "decided_by": "bob"}, "decided_by", id="decided_by-dict"),
 ]

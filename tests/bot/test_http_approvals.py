@@ -304,6 +304,7 @@ async def approve_then_resume(api: Harness) -> None:
         "edited_args": None,
         "reason": "checked",
         "decided_by": "ana",
+        "response": None,
     }
     assert api.refunds == []  # deciding runs nothing; the resume does
 

@@ -4,8 +4,9 @@ Seed 000/001 answer `True` or a `ToolDecision` (or its dict); seed 002 answers a
 `HumanInTheLoopMiddleware` (`{"type": "approve" | "edit" | "reject", ...}`, an edit as
 `edited_action: {name, args}`); seed 003 names the edit `edited_arguments` and records a
 `Decision`. Each is recorded as the decision it means and the resumed call runs (or not)
-accordingly. An answer of no known form, an edit naming another tool and LangChain's
-`respond` (not supported yet) raise `InvalidDecisionError` and record nothing.
+accordingly; LangChain's `respond` is recorded as the answer in the tool's place
+(tests/core/test_respond.py follows it through). An answer of no known form and an edit
+naming another tool raise `InvalidDecisionError` and record nothing.
 """
 
 from __future__ import annotations
@@ -187,19 +188,16 @@ def test_a_langchain_edit_is_not_taken_without_the_tool_to_check_it_against() ->
     assert as_decision(LANGCHAIN_EDIT, tool="refund") == Decision(approved=True, edited_args=EDITED)
 
 
-async def test_respond_is_refused_as_not_supported_yet(desk: Desk) -> None:
-    _, _, approval_id = await desk.pending()
-    events = len(await desk.store.events(approval_id))
+async def test_respond_is_recorded_as_the_answer_in_the_tools_place(desk: Desk) -> None:
+    call, run_id, approval_id = await desk.pending()
 
-    with pytest.raises(InvalidDecisionError) as caught:
-        await desk.executor.decide(
-            approval_id, {"type": "respond", "message": "it is Tuesday"}, decided_by="ana"
-        )
+    record = await desk.executor.decide(
+        approval_id, {"type": "respond", "message": "it is Tuesday"}, decided_by="ana"
+    )
 
-    [error] = caught.value.errors
-    assert error["field"] == "type"
-    assert "respond" in error["message"] and "not supported" in error["message"]
-    assert await desk.untouched(approval_id, events)
+    assert record.decision == Decision(approved=False, response="it is Tuesday", decided_by="ana")
+    resumed = await desk.executor.run_call(call, desk.executor.context(run_id=run_id))
+    assert (resumed.status, resumed.value, desk.ran) == ("ok", "it is Tuesday", [])
 
 
 NO_FORM = [

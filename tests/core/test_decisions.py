@@ -330,7 +330,7 @@ def test_unknown_action_error_lists_the_allowed_actions() -> None:
         as_decision({"action": "maybe"})
 
     assert caught.value.errors == [
-        {"field": "action", "message": "Input should be 'approve', 'edit' or 'deny'"}
+        {"field": "action", "message": "Input should be 'approve', 'edit', 'deny' or 'respond'"}
     ]
 
 
