@@ -36,7 +36,7 @@ from typing import Any
 from nodbot.core.approval_tokens import InvalidApprovalToken, TokenApproval
 from nodbot.core.arguments_schema import schema_errors
 from nodbot.core.calls import OneUseApproval, ToolCall, ToolContext, ToolError, ToolResult, new_id
-from nodbot.core.decisions import Decision, as_decision, merge_edit
+from nodbot.core.decisions import Decision, as_decision, merge_edit, read_answer
 from nodbot.core.errors import (
     ApprovalDenied,
     ApprovalMismatchError,
@@ -164,9 +164,13 @@ class Executor:
         if not isinstance(self.approval, DeferredApproval):
             raise ConfigurationError("decide() needs an executor with a DeferredApproval port")
         store = self.approval.store
-        record = await store.get(approval_id)
-        # The record's tool: a LangChain edit must name it.
-        decision = as_decision(answer, decided_by=decided_by, tool=record.request.tool)
+        decision, named = read_answer(answer, decided_by=decided_by)
+        if decision.edited_args is not None or named is not None:
+            # An edit is checked against its call, which is read for it (only then: every
+            # other answer is recorded without a read): a LangChain edit must name its tool.
+            record = await store.get(approval_id)
+            if named is not None:
+                decision = as_decision(answer, decided_by=decided_by, tool=record.request.tool)
         if decision.edited_args is not None:
             merged = merge_edit(record.request.arguments, decision.edited_args)
             name, schema = record.request.tool, record.request.policy.get("schema")
