@@ -286,37 +286,42 @@ class SlackReviews:
     async def _deny_submitted(
         self, ack: AsyncAck, body: dict[str, Any], view: dict[str, Any]
     ) -> None:
-        state = view.get("state", {}).get("values", {})
-        reason = (state.get("reason", {}).get("value", {}) or {}).get("value") or None
-        too_long = reason_too_long(reason)
-        if too_long is not None:  # the modal stays open, saying so under the reason
-            await ack(response_action="errors", errors={"reason": clip(too_long, 150)})
-            return
-        await ack()
-        click = _Click.of_view(body, view)
-        record = await self._record(click, wait=False)
-        if record is None:
-            return
-        decision = Decision(approved=False, reason=reason, decided_by=click.user)
-        verdict = await self._allowed(click, record, decision)
-        if verdict is not None:
-            await self._decide(click, record, decision, verdict)
+        reason = _text_of(view, "reason") or None
+        await self._text_submitted(
+            ack, body, view, "reason", reason_too_long(reason),
+            lambda user: Decision(approved=False, reason=reason, decided_by=user),
+        )  # fmt: skip
 
     async def _respond_submitted(
         self, ack: AsyncAck, body: dict[str, Any], view: dict[str, Any]
     ) -> None:
-        state = view.get("state", {}).get("values", {})
-        text = (state.get("response", {}).get("value", {}) or {}).get("value") or ""
-        problem = response_problem(text)
-        if problem is not None:  # the modal stays open, saying so under the answer
-            await ack(response_action="errors", errors={"response": clip(problem, 150)})
+        text = _text_of(view, "response")
+        await self._text_submitted(
+            ack, body, view, "response", response_problem(text),
+            lambda user: Decision(approved=False, response=text, decided_by=user),
+        )  # fmt: skip
+
+    async def _text_submitted(
+        self,
+        ack: AsyncAck,
+        body: dict[str, Any],
+        view: dict[str, Any],
+        block: str,
+        problem: str | None,
+        decision_of: Callable[[str], Decision],
+    ) -> None:
+        """A deny or respond modal's submission: a text that is not accepted keeps the modal
+        open, saying so under its `block`; otherwise the decision is checked and recorded as
+        a click's is."""
+        if problem is not None:
+            await ack(response_action="errors", errors={block: clip(problem, 150)})
             return
         await ack()
         click = _Click.of_view(body, view)
         record = await self._record(click, wait=False)
         if record is None:
             return
-        decision = Decision(approved=False, response=text, decided_by=click.user)
+        decision = decision_of(click.user)
         verdict = await self._allowed(click, record, decision)
         if verdict is not None:
             await self._decide(click, record, decision, verdict)
@@ -647,3 +652,9 @@ def _why(exc: Exception) -> str:
     if isinstance(exc, UnknownToolError):
         return "this call's tool is not one this bot can check an edit of"
     return str(exc)
+
+
+def _text_of(view: dict[str, Any], block: str) -> str:
+    """The text typed into a modal's input `block` (its action id is `value`), or ""."""
+    state = view.get("state", {}).get("values", {})
+    return str((state.get(block, {}).get("value", {}) or {}).get("value") or "")
