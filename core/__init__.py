@@ -32,9 +32,12 @@ from nodbot.core.errors import (
     DeliveryLost,
     InvalidArgumentsError,
     InvalidDecisionError,
+    InvalidQuestionError,
     MessageAlreadyProcessed,
     NodbotError,
     NotPendingError,
+    QuestionPending,
+    QuestionUnanswered,
     ResumeError,
     RunConflict,
     RunError,
@@ -73,6 +76,7 @@ from nodbot.core.ports import (
     Spent,
     Waiting,
 )
+from nodbot.core.questions import QUESTION_TOOL, Question, answer_of, is_question
 from nodbot.core.rules import (
     InterruptRule,
     Predicate,
@@ -104,6 +108,7 @@ from nodbot.core.waiting import wait_for_decision
 __version__ = "0.1.0"
 
 __all__ = [
+    "QUESTION_TOOL",
     "Agent",
     "Announcement",
     "ApprovalAlreadyConsumed",
@@ -142,6 +147,7 @@ __all__ = [
     "InterruptRule",
     "InvalidArgumentsError",
     "InvalidDecisionError",
+    "InvalidQuestionError",
     "LoopResult",
     "MemoryApprovalStore",
     "MemoryRunStore",
@@ -154,6 +160,9 @@ __all__ = [
     "PendingCall",
     "PortAnswer",
     "Predicate",
+    "Question",
+    "QuestionPending",
+    "QuestionUnanswered",
     "ResumeError",
     "RunConflict",
     "RunError",
@@ -186,6 +195,7 @@ __all__ = [
     "__version__",
     "advance_run",
     "all_fields",
+    "answer_of",
     "any_field",
     "approval_interrupt_id",
     "arguments_digest",
@@ -194,6 +204,7 @@ __all__ = [
     "eq",
     "ge",
     "gt",
+    "is_question",
     "le",
     "lt",
     "matches",

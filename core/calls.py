@@ -123,6 +123,29 @@ class ToolContext:
     the token), through the channel `context`, then taken by the call as any decision is.
     """
 
+    call: ToolCall | None = None
+    """The call this context runs: set on the context a tool receives (None elsewhere). A
+    question the tool asks (`ask`) belongs to it."""
+    reviewed: bool = False
+    """Whether a stored approval (a reviewer's decision) let the call of `call` run: such a
+    tool may not `ask` (its approval covers one run of it)."""
+
+    async def ask(
+        self,
+        question: str,
+        *,
+        choices: list[str] | None = None,
+        id: str | None = None,
+    ) -> str:
+        """Ask a person `question` and return the answer (one of `choices`, when given; free
+        text otherwise), as seed 001's `interrupt()`. Until someone answers, raises
+        `QuestionPending`: the call that asked (or, outside a tool, the run) pauses, and the
+        tool runs again from the top on resume, when this returns the answer. Raises
+        `QuestionUnanswered` when the question was declined, timed out or could not be put
+        to anyone, and `InvalidQuestionError` for a question that cannot be asked. See
+        `core.questions`."""
+        return await self.executor.ask(self, question, choices=choices, key=id)
+
     def __post_init__(self) -> None:
         if self.approval is not None and not isinstance(self.approval, OneUseApproval):
             # Given bare (a Decision or a TokenApproval): held once, for every copy.

@@ -9,7 +9,9 @@ NodbotError
 ├── ToolExecutionError             the tool itself raised
 ├── ApprovalError                  the outcome of a review, or a misuse of the store
 │   ├── ApprovalPending            the call waits for a reviewer; nothing ran
+│   │   └── QuestionPending        the call (or run) waits for a person's answer (`ctx.ask`)
 │   ├── ApprovalDenied             a reviewer (or a default) refused the call; nothing ran
+│   ├── QuestionUnanswered         a question was declined, timed out or cannot be put
 │   ├── ApprovalNotFound           no approval has that id
 │   ├── ApprovalAlreadyDecided     the first decision wins; this one came second
 │   ├── ApprovalAlreadyVoted       this reviewer has voted on this approval already
@@ -21,6 +23,7 @@ NodbotError
 │   └── RunConflict                the run was saved by someone else since it was read
 ├── DeliveryLost                   the outbox delivery is no longer this worker's to settle
 ├── InvalidDecisionError           an answer of no known form, or a malformed one
+├── InvalidQuestionError           a question that cannot be asked (text, choices, id, place)
 ├── StoreError                     the approval store's database cannot be used
 │   ├── StoreUnavailableError      it cannot be reached, opened or written
 │   ├── StoreSchemaError           its schema is missing, older or newer than this nodbot's
@@ -227,6 +230,70 @@ class ApprovalDenied(ApprovalError):
         }
 
 
+class QuestionPending(ApprovalPending):
+    """A question put to a person (`ToolContext.ask`) waits for its answer: the call that
+    asked (or the run, for a question asked outside a tool) pauses, as for a review. Resume
+    with the same run id and call id: the tool runs again from the top and `ask` returns the
+    answer. `approval_id` is the question's review; `key` its id within the call."""
+
+    kind = "question-pending"
+
+    def __init__(
+        self,
+        *,
+        tool: str,
+        approval_id: str,
+        key: str,
+        question: str,
+        arguments: dict[str, Any] | None = None,
+    ) -> None:
+        ApprovalError.__init__(
+            self, f"question {key!r} waits for an answer: {question[:200]}", approval_id=approval_id
+        )
+        self.tool = tool
+        self.arguments = arguments
+        self.key = key
+        self.question = question
+
+    def details(self) -> dict[str, Any]:
+        return {
+            "approval_id": self.approval_id,
+            "tool": self.tool,
+            "key": self.key,
+            "question": self.question,
+        }
+
+
+class QuestionUnanswered(ApprovalError):
+    """A question got no answer: the person declined it (with `reason`), nobody answered
+    before its deadline, or nobody could be asked (no rule names people for it, no approval
+    port). Nothing after the `ask` ran."""
+
+    kind = "question-unanswered"
+
+    def __init__(
+        self,
+        *,
+        key: str,
+        reason: str | None,
+        approval_id: str | None = None,
+        decided_by: str | None = None,
+    ) -> None:
+        message = f"question {key!r} was not answered"
+        super().__init__(f"{message}: {reason}" if reason else message, approval_id=approval_id)
+        self.key = key
+        self.reason = reason
+        self.decided_by = decided_by
+
+    def details(self) -> dict[str, Any]:
+        return {
+            "approval_id": self.approval_id,
+            "key": self.key,
+            "reason": self.reason,
+            "decided_by": self.decided_by,
+        }
+
+
 class ApprovalNotFound(ApprovalError):
     """No approval has that id."""
 
@@ -367,6 +434,22 @@ class InvalidDecisionError(NodbotError):
     another tool). Nothing is recorded."""
 
     kind = "invalid-decision"
+
+    def __init__(self, message: str, *, errors: list[dict[str, str]]) -> None:
+        super().__init__(message)
+        self.errors = errors
+
+    def details(self) -> dict[str, Any]:
+        return {"errors": self.errors}
+
+
+class InvalidQuestionError(NodbotError):
+    """A question that cannot be asked: blank or too long text, too many or malformed
+    choices, an id of other characters than letters, digits, `_` and `-`, or an `ask` made
+    where it cannot pause (inside a call a reviewer approved: its approval covers one run
+    of the tool). `errors` name each field at fault. Nothing is recorded."""
+
+    kind = "invalid-question"
 
     def __init__(self, message: str, *, errors: list[dict[str, str]]) -> None:
         super().__init__(message)

@@ -43,7 +43,11 @@ from nodbot.core.errors import (
     ApprovalPending,
     ConfigurationError,
     InvalidArgumentsError,
+    InvalidDecisionError,
+    InvalidQuestionError,
     NodbotError,
+    QuestionPending,
+    QuestionUnanswered,
     StoreError,
     ToolExecutionError,
 )
@@ -55,6 +59,14 @@ from nodbot.core.ports import (
     PortAnswer,
     Spent,
     Waiting,
+)
+from nodbot.core.questions import (
+    QUESTION_TOOL,
+    answer_problem,
+    choice_for,
+    is_question,
+    make_question,
+    question_request,
 )
 from nodbot.core.rules import InterruptRule, should_interrupt
 from nodbot.core.store import ApprovalRecord, ApprovalRequest, Evidence, KeptResult, action_of
@@ -157,20 +169,24 @@ class Executor:
         an invalid one raises `InvalidArgumentsError` and nothing is recorded. Raises
         `ApprovalNotFound`, `ApprovalAlreadyDecided`, `ApprovalAlreadyVoted`,
         `InvalidDecisionError` (for an answer of no known form, a malformed one, an
-        `edited_action` naming another tool than the call's, and a vote without `decided_by`;
-        nothing is recorded), and `ConfigurationError` when the executor has no
+        `edited_action` naming another tool than the call's, a vote without `decided_by`,
+        and a respond to a question (`core.questions`) that is none of its choices; nothing
+        is recorded), and `ConfigurationError` when the executor has no
         `DeferredApproval` port.
         """
         if not isinstance(self.approval, DeferredApproval):
             raise ConfigurationError("decide() needs an executor with a DeferredApproval port")
         store = self.approval.store
         decision, named = read_answer(answer, decided_by=decided_by)
-        if decision.edited_args is not None or named is not None:
-            # An edit is checked against its call, which is read for it (only then: every
-            # other answer is recorded without a read): a LangChain edit must name its tool.
+        if decision.edited_args is not None or named is not None or decision.response is not None:
+            # An edit is checked against its call, which is read for it, and so is a respond
+            # (which may answer a question); every other answer is recorded without a read.
+            # A LangChain edit must name its tool.
             record = await store.get(approval_id)
             if named is not None:
                 decision = as_decision(answer, decided_by=decided_by, tool=record.request.tool)
+            if decision.response is not None and is_question(record.request):
+                decision = _answer(record, decision)
         if decision.edited_args is not None:
             merged = merge_edit(record.request.arguments, decision.edited_args)
             name, schema = record.request.tool, record.request.policy.get("schema")
@@ -295,7 +311,7 @@ class Executor:
         validated = tool.validate(call.arguments)
         by_caller = self._caller_decision(given, tool, call, ctx) if given is not None else None
         if by_caller is None and not await self._needs_review(tool, call, validated, ctx):
-            return await self._invoke(tool, validated, ctx), validated.canonical
+            return await self._invoke(tool, validated, ctx, call), validated.canonical
         request = ApprovalRequest(
             run_id=ctx.run_id,
             call_id=call.id,
@@ -327,10 +343,15 @@ class Executor:
                 approval_id=answer.approval_id,
                 decided_by=decision.decided_by,
             )
-        return await self._run_approved(tool, validated, answer, ctx)
+        return await self._run_approved(tool, validated, answer, ctx, call)
 
     async def _run_approved(
-        self, tool: Tool, validated: ValidatedArguments, answer: Decided, ctx: ToolContext
+        self,
+        tool: Tool,
+        validated: ValidatedArguments,
+        answer: Decided,
+        ctx: ToolContext,
+        call: ToolCall,
     ) -> tuple[Any, dict[str, Any]]:
         outcome = "cancelled"
         result: KeptResult | None = None
@@ -345,7 +366,8 @@ class Executor:
                 merged = merge_edit(validated.canonical, edited)
                 validated = tool.validate(merged, source="edited arguments")
             try:
-                value = await self._invoke(tool, validated, ctx)
+                reviewed = answer.approval_id is not None
+                value = await self._invoke(tool, validated, ctx, call, reviewed=reviewed)
             except ToolExecutionError as failed:
                 result = {"status": "error", "message": failed.message}
                 result["arguments"] = validated.canonical
@@ -366,11 +388,107 @@ class Executor:
             elif self.approval is not None:  # none: the caller's own decision ran it
                 await self.approval.settle(answer, outcome=outcome)
 
-    async def _invoke(self, tool: Tool, validated: ValidatedArguments, ctx: ToolContext) -> Any:
+    async def _invoke(
+        self,
+        tool: Tool,
+        validated: ValidatedArguments,
+        ctx: ToolContext,
+        call: ToolCall,
+        *,
+        reviewed: bool = False,
+    ) -> Any:
+        own = replace(ctx, call=call, reviewed=reviewed)  # the tool's: its questions are its call's
         try:
-            return await tool.invoke(validated.values, ctx)
+            return await tool.invoke(validated.values, own)
+        except QuestionPending as asked:
+            # The tool asked a person (`ctx.ask`): the call waits, as for a review.
+            if asked.arguments is None and own.call is call and asked.tool == tool.name:
+                asked.arguments = validated.canonical
+            raise
+        except (QuestionUnanswered, InvalidQuestionError):
+            raise  # the call ends in the question's outcome, named as such
         except Exception as exc:
             raise ToolExecutionError(tool=tool.name, error=exc) from exc
+
+    async def ask(
+        self,
+        ctx: ToolContext,
+        question: str,
+        *,
+        choices: Sequence[str] | None = None,
+        key: str | None = None,
+    ) -> str:
+        """`ctx.ask`: put `question` to a person through the approval port, as the review
+        of the pseudo-tool `ask` (`core.questions`), and return the answer. Raises
+        `QuestionPending` while nobody has answered, `QuestionUnanswered` for a question
+        declined, timed out or with nobody to ask (no port), and `InvalidQuestionError` for
+        a question that cannot be asked (also inside a call a reviewer approved)."""
+        call = ctx.call
+        asked = make_question(
+            question, choices=choices, key=key, asked_by=None if call is None else call.name
+        )
+        if ctx.reviewed:
+            raise InvalidQuestionError(
+                f"tool {call.name if call else '?'!r} asks a question after a reviewer "
+                "approved its call, whose approval covers one run of it: ask in a tool that "
+                "needs no review, before the call that does",
+                errors=[{"field": "ask", "message": "inside a reviewed call"}],
+            )
+        request = question_request(
+            asked,
+            run_id=ctx.run_id,
+            call_id=None if call is None else call.id,
+            requested_by=ctx.requested_by,
+        )
+        if self.approval is None:
+            raise QuestionUnanswered(key=asked.key, reason=NO_PORT_REASON, decided_by="nodbot")
+        answer = await self.approval.request(request)
+        if isinstance(answer, Waiting):
+            raise QuestionPending(
+                tool=QUESTION_TOOL if call is None else call.name,
+                approval_id=answer.approval_id,
+                key=asked.key,
+                question=asked.text,
+            )
+        decision = answer.decision
+        response = decision.response
+        if response is not None and asked.choices is not None:
+            response = choice_for(asked.choices, response)
+        if decision.approved:
+            # An approval is no answer (a port that approves everything, a rule): spent,
+            # and the question stays unanswered.
+            await self.approval.settle(answer, outcome="not-an-answer")
+            response = None
+        if response is None:
+            reason = decision.reason
+            if decision.response is not None:
+                reason = f"the answer {decision.response[:100]!r} is none of the choices"
+            elif decision.approved:
+                reason = "it was approved, not answered"
+            raise QuestionUnanswered(
+                key=asked.key,
+                reason=reason,
+                approval_id=answer.approval_id,
+                decided_by=decision.decided_by,
+            )
+        return response
+
+
+def _answer(record: ApprovalRecord, decision: Decision) -> Decision:
+    """A respond to a question, checked (`answer_problem`) and with a choice named as the
+    question spells it. Raises `InvalidDecisionError` (nothing is recorded)."""
+    assert decision.response is not None
+    problem = answer_problem(record.request, decision.response)
+    if problem is not None:
+        raise InvalidDecisionError(
+            f"not an answer to this question: {problem}",
+            errors=[{"field": "response", "message": problem}],
+        )
+    choices = record.request.arguments.get("choices")
+    if isinstance(choices, list):
+        chosen = choice_for(choices, decision.response)
+        decision = decision.model_copy(update={"response": chosen})
+    return decision
 
 
 def _taken(ctx: ToolContext) -> tuple[Decision | TokenApproval | None, ToolContext]:

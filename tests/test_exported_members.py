@@ -45,6 +45,7 @@ EXPECTED = {
     "InterruptRule",
     "InvalidArgumentsError",
     "InvalidDecisionError",
+    "InvalidQuestionError",
     "MessageAlreadyProcessed",
     "LoopResult",
     "MemoryApprovalStore",
@@ -57,6 +58,10 @@ EXPECTED = {
     "PendingCall",
     "PortAnswer",
     "Predicate",
+    "QUESTION_TOOL",
+    "Question",
+    "QuestionPending",
+    "QuestionUnanswered",
     "RunConflict",
     "RunError",
     "RunNotFound",
@@ -90,6 +95,7 @@ EXPECTED = {
     "Waiting",
     "__version__",
     "all_fields",
+    "answer_of",
     "any_field",
     "approval_interrupt_id",
     "arguments_digest",
@@ -98,6 +104,7 @@ EXPECTED = {
     "eq",
     "ge",
     "gt",
+    "is_question",
     "le",
     "lt",
     "matches",
@@ -121,7 +128,7 @@ def test_every_listed_member_exists() -> None:
 def test_every_exported_exception_derives_from_nodbot_error() -> None:
     members = [getattr(core, name) for name in core.__all__]
     errors = [m for m in members if isinstance(m, type) and issubclass(m, BaseException)]
-    assert len(errors) == 28
+    assert len(errors) == 31
     assert [e.__name__ for e in errors if not issubclass(e, core.NodbotError)] == []
     assert len({e.kind for e in errors}) == len(errors)  # each reports its own kind
 

@@ -57,6 +57,7 @@ from nodbot.core import (
     merge_edit,
 )
 from nodbot.core.arguments_schema import judged_arguments
+from nodbot.core.questions import QUESTION_TOOL, is_question
 from nodbot.core.store import utc_now
 
 if TYPE_CHECKING:
@@ -209,6 +210,8 @@ class RulesPort(DeferredApproval):
         remembered approval), or the request as it is to wait for review (with its rule's
         policy, deadline and approvals required). The rules judge `judged`, by default
         `judged(request)`."""
+        if is_question(request):
+            return self._question(request)
         arguments = (judged or self.judged(request)).values
         found = self.config.rule_for(request.tool, arguments)
         if found is not None:
@@ -238,6 +241,37 @@ class RulesPort(DeferredApproval):
             f"add a rule for {request.tool} or a defaults: section"
         )
         return Ruled(request, Decision(approved=False, reason=reason, decided_by=NO_RULE))
+
+    def _question(self, request: ApprovalRequest) -> Ruled:
+        """A question (`core.questions`) waits for the people of the first review rule that
+        covers the pseudo-tool `ask` (`tool: ask` or `*`; its `when` judges the question's
+        `question`, `choices` and `asked_by`), else of `defaults:`. Rules that decide at
+        once are passed over: a question needs a person. With nobody to ask, it is declined
+        at once (decided by `nodbot:no-rule`), and `ask` raises with the reason."""
+        for index, rule in enumerate(self.config.rules):
+            if rule.decision is None and rule.covers(QUESTION_TOOL, request.arguments):
+                return Ruled(self._asked(request, index, rule))
+        if self.config.defaults is not None:
+            return Ruled(self._asked(request, "defaults", self.config.defaults))
+        file = self.config.source_file or "the configuration"
+        reason = (
+            f"nobody can be asked: no rule of {file} names reviewers for questions (add a "
+            f"rule with tool: {QUESTION_TOOL} and reviewers, or a defaults: section)"
+        )
+        return Ruled(request, Decision(approved=False, reason=reason, decided_by=NO_RULE))
+
+    def _asked(
+        self, request: ApprovalRequest, index: int | str, rule: ReviewPolicy
+    ) -> ApprovalRequest:
+        """A question as it waits under `rule`: its people and places, deadline and
+        escalation; answered once, by one person (one answer wins), with an answer or a
+        decline (`respond`, `deny`); a timeout declines it. Nothing is remembered or
+        edited."""
+        waiting = self._review(request, index, rule)
+        kept = ("remember", "remember_by", "rule_digest", "edit_bounds")
+        policy = {key: value for key, value in waiting.policy.items() if key not in kept}
+        policy.update(allowed_decisions=["respond", "deny"], editable=[], approvals_required=1)
+        return replace(waiting, policy=policy, approvals_required=1, on_timeout="deny")
 
     async def _reviewed(
         self,
