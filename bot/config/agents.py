@@ -20,6 +20,7 @@ from nodbot.bot.config.models import Config, Rule
 from nodbot.bot.config.predicates import ORIGINAL, BoundSpec
 from nodbot.core import Agent
 from nodbot.core.bridges.hosted import HostedAgent
+from nodbot.core.questions import QUESTION_TOOL
 
 
 def load_framework_agents(config: Config) -> tuple[dict[str, HostedAgent], list[str]]:
@@ -105,6 +106,9 @@ def _rule_problems(config: Config, agents: Mapping[str, Agent]) -> list[str]:
         if rule.tool == "*" or rule.tool in config.external_tools:
             continue  # external: its arguments are not known here
         holders = {name: agent for name, agent in agents.items() if rule.tool in agent.tools}
+        if not holders and rule.tool == QUESTION_TOOL:
+            problems.extend(_question_problems(config, number, rule))
+            continue
         if not holders:
             registered = sorted({tool.name for agent in agents.values() for tool in agent.tools})
             listed = ", ".join(registered) or "none"
@@ -116,6 +120,30 @@ def _rule_problems(config: Config, agents: Mapping[str, Agent]) -> list[str]:
         for name, agent in holders.items():
             problems.extend(_argument_problems(config, number, rule, name, agent))
     return problems
+
+
+QUESTION_FIELDS = frozenset({"question", "choices", "asked_by"})
+"""What a rule of the pseudo-tool `ask` (questions to a person) may judge."""
+
+
+def _question_problems(config: Config, number: int, rule: Rule) -> Iterator[str]:
+    """The problems of a rule of the pseudo-tool `ask`: it must name people (a question is
+    never decided by a rule: one that does is passed over), and its `when` may look at the
+    question's fields only."""
+    if rule.decision is not None:
+        at = config.location(("rules", number, "decision"))
+        yield (
+            f"{at}: questions ({QUESTION_TOOL}) are answered by people: a rule of "
+            f"{QUESTION_TOOL} names reviewers, not a decision"
+        )
+    if rule.when is not None:
+        for argument in sorted(rule.when.argument_names() - QUESTION_FIELDS):
+            at = config.location(("rules", number, "when"))
+            fields = ", ".join(sorted(QUESTION_FIELDS))
+            yield f"{at}: {argument!r} is not a field of a question: it has {fields}"
+    if rule.editable:
+        at = config.location(("rules", number, "editable"))
+        yield f"{at}: a question is answered, not edited: editable does not apply"
 
 
 def _argument_problems(

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from nodbot.bot.cli import main as nodbot_command
 from nodbot.bot.config import load_config
 from nodbot.bot.policy.authorize import authorizer_for
 from nodbot.bot.policy.rules import rules_executor
@@ -162,3 +163,41 @@ async def test_an_answered_question_resumes_the_bots_executor(tmp_path: Path) ->
         await executor.context("run_2").ask(
             "Which warehouse ships order A1?", choices=["Leeds", "Porto"]
         )
+
+
+CHECKED = """
+store: {{url: "sqlite:///{db}"}}
+agents:
+  asker: tests.bot.asking_agent:agent
+rules:
+  - tool: ask
+{rule}
+"""
+
+
+@pytest.mark.parametrize(
+    ("rule", "problem"),
+    [
+        ("    reviewers: [ops@example.com]\n    when: {eq: {asked_by: ship}}", None),
+        (
+            "    reviewers: [ops@example.com]\n    when: {gt: {amount: 5}}",
+            "'amount' is not a field of a question",
+        ),
+        ("    decision: approve", "answered by people"),
+        ("    reviewers: [ops@example.com]\n    editable: [question]", "answered, not edited"),
+    ],
+    ids=["fine", "unknown-field", "decision", "editable"],
+)
+def test_check_config_reads_a_rule_of_ask_as_a_rule_of_questions(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], rule: str, problem: str | None
+) -> None:
+    path = tmp_path / "nodbot.yml"
+    path.write_text(CHECKED.format(db=tmp_path / "n.db", rule=rule))
+
+    status = nodbot_command(["check-config", str(path)])
+
+    printed = capsys.readouterr()
+    if problem is None:
+        assert status == 0, printed
+    else:
+        assert status == 2 and problem in printed.err + printed.out
