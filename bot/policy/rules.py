@@ -450,6 +450,11 @@ def rule_refusal(record: ApprovalRecord, decision: Decision) -> str | None:
     if decision.response is not None:
         action = "respond"
     allowed = policy.get("allowed_decisions")
+    if is_question(record.request):
+        # Whatever policy it was stored with: a question is answered or declined.
+        if decision.approved:
+            return f"a question is answered or declined, not decided with {action!r}"
+        allowed = ["respond", "deny"]
     listed = allowed is not None or action == "respond"
     if listed and action not in (allowed or []):
         may = ", ".join(allowed or ["approve", "edit", "deny"])

@@ -45,6 +45,10 @@ adopts the message it finds. If Slack will not show the conversation (a missing
 than a lost review. Every message a delivery recorded, also one whose delivery was given up
 after it posted, is updated once the review is decided.
 
+A question (`core.questions`) goes the same way, as a question's message
+(`bot.slack.questions`: its choices or Answer, and Decline; once decided, how it ended) and
+reminders that ask for its answer.
+
 With `web.public_url` (`public_url`), every message links to the review's page in the web
 inbox (`bot.slack.messages.inbox_page`). Whoever watches the reviews' messages (`watchers`: the
 App Home, `bot.slack.home`) is told, after a request or escalation is posted and after the
@@ -108,8 +112,10 @@ from nodbot.bot.slack.messages import (
     who,
 )
 from nodbot.bot.slack.once import Part, Progress, Unreadable, find_in_history, find_in_thread, tag
+from nodbot.bot.slack.questions import question_decided, question_message, whole_question
 from nodbot.bot.slack.text import clip, escape
 from nodbot.core import ApprovalRecord, Delivery, NewDelivery, StoreError, ToolRegistry
+from nodbot.core.questions import is_question
 from nodbot.core.store import utc_now
 
 __all__ = [
@@ -379,7 +385,11 @@ class SlackChannel:
                 thread = await self.client.chat_postMessage(
                     channel=message["channel"],
                     thread_ts=message["ts"],
-                    text=full_arguments(record),
+                    text=(
+                        whole_question(record)
+                        if is_question(record.request)
+                        else full_arguments(record)
+                    ),
                     unfurl_links=False,
                     unfurl_media=False,
                     metadata=tag(record, delivery, "arguments"),
@@ -526,10 +536,13 @@ class SlackChannel:
         ]
         if any(d.status == "due" for d in posts if d.due_at <= (record.decided_at or d.due_at)):
             raise DeliveryError("a request of this review is not posted yet", retry_after=1)
-        rendered = decided_message(
-            record,
-            remembered_until=await self._remembered_until(record),
-            page=inbox_page(self.public_url, record.approval_id),
+        page = inbox_page(self.public_url, record.approval_id)
+        rendered = (
+            question_decided(record, page=page)
+            if is_question(record.request)
+            else decided_message(
+                record, remembered_until=await self._remembered_until(record), page=page
+            )
         )
         for message in messages:
             await self.client.chat_update(
@@ -768,6 +781,7 @@ class SlackChannel:
             shown = f"<!date^{int(deadline.timestamp())}^{{date_short_pretty}} {{time}}|{fallback}>"
         page = inbox_page(self.public_url, record.approval_id)
         return _templates.get_template("reminder.txt.j2").render(
+            question=is_question(record.request),
             mentions=[who(user) for user in users],
             step=reminder_step(delivery),
             limit=len(reminder_steps(record)),
@@ -777,11 +791,22 @@ class SlackChannel:
         )
 
     def render(self, record: ApprovalRecord) -> Rendered:
-        """The message of the review as it stands: the request, or the decided message."""
+        """The message of the review as it stands: the request, or the decided message (a
+        question's own, `bot.slack.questions`, for a question)."""
         page = inbox_page(self.public_url, record.approval_id)
+        question = is_question(record.request)
         if record.decision is not None:
-            return decided_message(record, page=page)
+            return (
+                question_decided(record, page=page)
+                if question
+                else decided_message(record, page=page)
+            )
         policy = record.request.policy
+        if question:
+            # Answered or declined, nothing else, whatever the policy kept with it says.
+            asked = policy.get("allowed_decisions") or ["respond", "deny"]
+            allowed = [action for action in asked if action in ("respond", "deny")]
+            return question_message(record, allowed=allowed, page=page)
         allowed = policy.get("allowed_decisions") or ["approve", "edit", "deny"]
         tool = (
             self.registry.get(record.request.tool) if record.request.tool in self.registry else None

@@ -12,6 +12,10 @@ answered to them alone.
   approval of a destructive tool (or of one this bot does not have) that the caller may make
   is answered with an ephemeral message whose Approve button asks Slack's confirm dialog first,
   and that button decides (the App Home's path, `bot.slack.home`); nothing is approved before;
+- a question (`core.questions`) is listed as one (the question, its choices), answered with
+  the buttons of its message (or in the inbox); `/nodbot deny <id>` declines it, and
+  `/nodbot approve <id>` is refused (`QUESTION_APPROVED`, recorded in its events as a refused
+  click is): a question is answered, not approved;
 - `/nodbot help`, or anything else: how to use it.
 
 Ids are given whole (`apr_...`, as the list and the messages show them): letters, digits, `_`
@@ -38,6 +42,7 @@ from slack_bolt.context.respond.async_respond import AsyncRespond
 
 from nodbot.bot.bulk import Decider, ItemOutcome
 from nodbot.bot.forms import reason_too_long
+from nodbot.bot.metrics import METRICS
 from nodbot.bot.policy.authorize import AuthorizeDecision
 from nodbot.bot.slack.channel import SlackChannel
 from nodbot.bot.slack.home import (
@@ -53,9 +58,19 @@ from nodbot.bot.slack.home import (
 )
 from nodbot.bot.slack.messages import inbox_page, link
 from nodbot.bot.slack.text import clip, escape
-from nodbot.core import ApprovalNotFound, Decision, StoreError
+from nodbot.core import ApprovalNotFound, ApprovalRecord, Decision, StoreError
+from nodbot.core.questions import is_question
 
-__all__ = ["COMMAND", "LISTED", "MAX_TEXT", "Command", "CommandError", "SlackCommands", "parse"]
+__all__ = [
+    "COMMAND",
+    "LISTED",
+    "MAX_TEXT",
+    "QUESTION_APPROVED",
+    "Command",
+    "CommandError",
+    "SlackCommands",
+    "parse",
+]
 
 log = logging.getLogger(__name__)
 
@@ -66,6 +81,9 @@ MAX_TEXT = 2_200
 """The most characters of a command's text read: a reason of 2,000 and an id fit."""
 
 _APPROVAL_ID = re.compile(r"[A-Za-z0-9_-]{1,100}")
+
+QUESTION_APPROVED = "questions are answered: open it, or use the buttons of its message"
+"""The refusal of `/nodbot approve` on a question."""
 
 Verb = Literal["help", "pending", "approve", "deny"]
 
@@ -182,6 +200,9 @@ class SlackCommands:
             record = await self.channel.store.get(approval_id)
         except ApprovalNotFound:
             record = None
+        if record is not None and record.decision is None and is_question(record.request):
+            await self._question_approved(user, record, command, respond)
+            return
         if record is not None and record.decision is None and self.channel.destructive(record):
             verdict = await self.authorize(user, record, Decision(approved=True, decided_by=user))
             if verdict.allowed:
@@ -201,23 +222,54 @@ class SlackCommands:
         outcome = await self._decide(user, Command("approve", approval_id), command, approved=True)
         await _say(respond, text=outcome_text(outcome, approved=True))
 
+    async def _question_approved(
+        self, user: str, record: ApprovalRecord, command: dict[str, Any], respond: AsyncRespond
+    ) -> None:
+        """`/nodbot approve` on a pending question: refused whoever types it (recorded with
+        their person, when it can be told), and answered with where to answer it."""
+        verdict = await self.authorize(user, record, Decision(approved=True, decided_by=user))
+        METRICS.refused("slack", QUESTION_APPROVED)
+        await self.channel.store.refuse(
+            record.approval_id,
+            actor=user,
+            channel="slack",
+            reason=QUESTION_APPROVED,
+            person=verdict.person,
+            evidence=_evidence(user, command),
+        )
+        page = inbox_page(self.channel.public_url, record.approval_id)
+        where = f" ({link(page, 'open it in the inbox')})" if page is not None else ""
+        await _say(
+            respond,
+            text=(
+                f"Nothing was decided: `{escape(record.approval_id)}` is a question, and "
+                f"{QUESTION_APPROVED}{where}. `{COMMAND} deny {escape(record.approval_id)}` "
+                "declines it."
+            ),
+        )
+
     async def _decide(
         self, user: str, asked: Command, command: dict[str, Any], *, approved: bool
     ) -> ItemOutcome:
         assert asked.approval_id is not None
-        evidence = {
-            "user": user,
-            "team": str(command.get("team_id") or ""),
-            "channel": str(command.get("channel_id") or ""),
-            "via": "slash command",
-        }
         return await self.decider.decide_one(
             asked.approval_id,
             approved=approved,
             who=user,
             reason=asked.reason,
-            evidence={key: value for key, value in evidence.items() if value},
+            evidence=_evidence(user, command),
         )
+
+
+def _evidence(user: str, command: dict[str, Any]) -> dict[str, str]:
+    """What the command says of who typed it, where (kept in the audit trail)."""
+    evidence = {
+        "user": user,
+        "team": str(command.get("team_id") or ""),
+        "channel": str(command.get("channel_id") or ""),
+        "via": "slash command",
+    }
+    return {key: value for key, value in evidence.items() if value}
 
 
 def pending_message(listing: Listing, *, public_url: str | None) -> list[dict[str, Any]]:
@@ -225,7 +277,7 @@ def pending_message(listing: Listing, *, public_url: str | None) -> list[dict[st
     waiting = listing.waiting
     items = []
     for entry in waiting[:LISTED]:
-        text = summary(entry.record)
+        text = summary(entry.record, inbox=public_url is not None)
         page = inbox_page(public_url, entry.record.approval_id)
         if page is not None:
             text = clip(text, 2900) + f"\n{link(page, 'Open in inbox')}"
@@ -242,6 +294,12 @@ def pending_message(listing: Listing, *, public_url: str | None) -> list[dict[st
         + (
             f" Decide with `{COMMAND} approve <id>` or `{COMMAND} deny <id> [reason]`."
             if waiting
+            else ""
+        )
+        + (
+            f" A question is answered with the buttons of its message; `{COMMAND} deny <id>` "
+            "declines it."
+            if any(is_question(entry.record.request) for entry in waiting[:LISTED])
             else ""
         ),
         items=items,

@@ -7,7 +7,10 @@ When a user opens the app's Home tab, Slack sends `app_home_opened`, and the bot
 the same `Authorizer` as a click), each with its tool, who asked, the rule's description and
 a short view of the arguments (escaped, cut), and the buttons they may use. At most `SHOWN`
 reviews are listed (a Home view holds 100 blocks); past that, the Home says how many more wait
-in the inbox. Only the newest `SCAN` pending reviews are looked through.
+in the inbox. Only the newest `SCAN` pending reviews are looked through. A question
+(`core.questions`) is listed as one (`bot.slack.questions.question_summary`: the question, its
+choices, how to answer it), with Decline in place of Deny and no Approve: it is answered with
+the buttons of its message, or in the inbox.
 
 A Home button is not on a review's message, so it is not bound to one (the binding of a
 message's buttons, `bot.slack.reviews`, stays as it is: the Home's buttons have action ids of
@@ -55,8 +58,10 @@ from nodbot.bot.forms import reason_too_long
 from nodbot.bot.policy.authorize import AuthorizeDecision
 from nodbot.bot.slack.channel import SlackChannel
 from nodbot.bot.slack.messages import ACTION_OPEN, deny_modal, inbox_page, link, when, who
+from nodbot.bot.slack.questions import decline_modal, question_summary
 from nodbot.bot.slack.text import clip, code, escape, shown_value
 from nodbot.core import ApprovalNotFound, ApprovalRecord, Decision, StoreError
+from nodbot.core.questions import is_question
 
 __all__ = [
     "ACTION_HOME_APPROVE",
@@ -165,9 +170,12 @@ def _arguments(record: ApprovalRecord) -> str:
     return code("\n".join(lines) or "(no arguments)", 1800)
 
 
-def summary(record: ApprovalRecord) -> str:
+def summary(record: ApprovalRecord, *, inbox: bool = False) -> str:
     """A review in a few lines of mrkdwn (at most 3,000 characters): the tool, who asked and
-    when, the rule's description, the arguments, its id and run."""
+    when, the rule's description, the arguments, its id and run. A question is shown as one
+    (`bot.slack.questions.question_summary`; `inbox`: it may be answered in the inbox too)."""
+    if is_question(record.request):
+        return question_summary(record, inbox=inbox)
     request = record.request
     head = f"*{escape(clip(request.tool, 200))}*, asked by {who(request.requested_by)}, "
     head += when(record.created_at)
@@ -185,16 +193,20 @@ def summary(record: ApprovalRecord) -> str:
 def review_item(
     waiting: Waiting, index: int, *, public_url: str | None, destructive: bool
 ) -> dict[str, Any]:
-    """The template values of one review with its buttons (`_review_buttons.j2`)."""
+    """The template values of one review with its buttons (`_review_buttons.j2`). A question
+    has no Approve, and its Deny says "Decline": it is answered with the buttons of its
+    message (or in the inbox)."""
     record = waiting.record
     tool = escape(clip(record.request.tool, 200))
+    question = is_question(record.request)
     return {
         "approval_id": record.approval_id,
         "block_id": f"nodbot.review.{index}",
         "tool": tool,
-        "text": summary(record),
-        "approve": waiting.approve,
+        "text": summary(record, inbox=public_url is not None),
+        "approve": waiting.approve and not question,
         "deny": waiting.deny,
+        "deny_label": "Decline" if question else "Deny",
         "confirm": f"*{tool}* changes things that may not be undone." if destructive else None,
         "page": inbox_page(public_url, record.approval_id),
     }
@@ -254,6 +266,7 @@ def outcome_text(outcome: ItemOutcome, *, approved: bool) -> str:
     counted = record is not None and record.decision is None and outcome.ok
     return render_text(
         "outcome.txt.j2",
+        question=record is not None and is_question(record.request),
         status=outcome.status,
         approved=approved,
         counted=counted,
@@ -455,8 +468,9 @@ class SlackHome:
             await self._answer(press, outcome, respond, approved=False)
             return
         metadata = json.dumps({"approval_id": record.approval_id, "via": press.via})
+        modal = decline_modal(record) if is_question(record.request) else deny_modal(record)
         view = {
-            **deny_modal(record),
+            **modal,
             "callback_id": HOME_DENY_CALLBACK,
             "private_metadata": metadata,
         }

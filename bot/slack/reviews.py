@@ -21,6 +21,16 @@ channel `slack`; the workers are woken, the run goes on, and the outbox updates 
 messages. "Approve & remember" approves the same way, then remembers the approval
 (`bot.remember`); a click of it on a review whose rule remembers nothing decides nothing.
 
+A question (`core.questions`, its message `bot.slack.questions`) is answered the same way: a
+choice button (`nodbot.answer.<i>`, its value `<approval id>:<i>`, the two checked to agree,
+and the index against the question's own choices) records that choice as a respond; Answer
+opens a modal for a free-text answer (checked with `answer_problem`: needed, bounded, one of
+the choices when there are some); Decline opens the Deny modal's twin. Each is authorized,
+bound to its message, recorded with its evidence and refused as a click is; an Approve, Edit
+or Respond click on a question, or an answer's click on a review of a call, is refused and
+recorded (`A_QUESTION`, `NOT_A_QUESTION`), and a click after the question was closed is told
+how it was ("already answered by ...").
+
 One event is listened to here, `member_joined_channel`: when the bot is invited to a channel
 that refused its posts (`not_in_channel`), they are tried again at once
 (`SlackChannel.joined`). A click of a message's "Open in inbox" link button is only
@@ -70,6 +80,16 @@ from nodbot.bot.slack.messages import (
     edit_modal,
     respond_modal,
 )
+from nodbot.bot.slack.questions import (
+    ACTION_ANSWER,
+    ACTION_CHOICE,
+    ACTION_DECLINE,
+    ANSWER_CALLBACK,
+    DECLINE_CALLBACK,
+    answer_modal,
+    chosen,
+    decline_modal,
+)
 from nodbot.bot.slack.text import clip, escape
 from nodbot.core import (
     ApprovalAlreadyDecided,
@@ -80,12 +100,14 @@ from nodbot.core import (
     DeferredApproval,
     Executor,
     InvalidArgumentsError,
+    InvalidDecisionError,
     StoreError,
     ToolDecision,
     UnknownToolError,
 )
 from nodbot.core.decisions import response_problem
-from nodbot.core.store import utc_now
+from nodbot.core.questions import answer_of, answer_problem, is_question, question_of
+from nodbot.core.store import TIMEOUT_DECIDER, utc_now
 
 __all__ = ["CHANNEL", "SlackReviews", "connect_socket_mode"]
 
@@ -94,6 +116,13 @@ log = logging.getLogger(__name__)
 CHANNEL = "slack"
 
 NOT_ITS_MESSAGE = "this button does not belong to this review"
+A_QUESTION = "this is a question: answer it or decline it with the buttons of its message"
+"""The refusal of an Approve, Edit or Respond click on a question (none is posted on one)."""
+NOT_A_QUESTION = "this review is not a question: decide it with the buttons of its message"
+"""The refusal of an answer button's click on a review of a call."""
+NOT_A_CHOICE = "this button is not one of the question's answers"
+"""The refusal of a choice button whose value and action id disagree, or whose choice the
+question does not have."""
 RESPOND_PROBE = "(the answer to come)"
 """The text of the respond a Respond click asks the rules about: only its kind counts."""
 POSTED_WAIT = 5.0
@@ -135,9 +164,14 @@ class SlackReviews:
         self.app.action(ACTION_EDIT)(self._edit)
         self.app.action(ACTION_DENY)(self._deny)
         self.app.action(ACTION_RESPOND)(self._respond)
+        self.app.action(ACTION_CHOICE)(self._choose)
+        self.app.action(ACTION_ANSWER)(self._answer)
+        self.app.action(ACTION_DECLINE)(self._deny)
         self.app.view(EDIT_CALLBACK)(self._edit_submitted)
         self.app.view(DENY_CALLBACK)(self._deny_submitted)
+        self.app.view(DECLINE_CALLBACK)(self._deny_submitted)
         self.app.view(RESPOND_CALLBACK)(self._respond_submitted)
+        self.app.view(ANSWER_CALLBACK)(self._answer_submitted)
         self.app.event("member_joined_channel")(self._joined)
         self.app.action(ACTION_OPEN)(_acknowledge)
         self.counters: dict[str, int] = {"decisions": 0}
@@ -155,7 +189,7 @@ class SlackReviews:
     async def _approve(self, ack: AsyncAck, body: dict[str, Any]) -> None:
         await ack()
         click = _Click.of(body)
-        record = await self._record(click)
+        record = await self._record(click, question=False)
         if record is None:
             return
         decision = Decision(approved=True, decided_by=click.user)
@@ -168,7 +202,7 @@ class SlackReviews:
         click = _Click.of(body)
         # Kept with the decision: the outbox's update of the messages looks for it.
         click.evidence["action_id"] = ACTION_APPROVE_REMEMBER
-        record = await self._record(click)
+        record = await self._record(click, question=False)
         if record is None:
             return
         if scope_of(record.request) is None:  # no such button was posted: a forged click
@@ -182,7 +216,7 @@ class SlackReviews:
     async def _edit(self, ack: AsyncAck, body: dict[str, Any]) -> None:
         await ack()
         click = _Click.of(body)
-        record = await self._record(click)
+        record = await self._record(click, question=False)
         if record is None:
             return
         if "edit" not in (record.request.policy.get("allowed_decisions") or ["edit"]):
@@ -200,6 +234,7 @@ class SlackReviews:
         )
 
     async def _deny(self, ack: AsyncAck, body: dict[str, Any]) -> None:
+        """Deny, or Decline on a question: a modal asks for an optional reason."""
         await ack()
         click = _Click.of(body)
         record = await self._record(click)
@@ -208,14 +243,15 @@ class SlackReviews:
         probe = Decision(approved=False, decided_by=click.user)
         if await self._allowed(click, record, probe) is None:
             return
+        modal = decline_modal(record) if is_question(record.request) else deny_modal(record)
         await self.channel.client.views_open(
-            trigger_id=click.trigger_id, view=_with_message(deny_modal(record), click)
+            trigger_id=click.trigger_id, view=_with_message(modal, click)
         )
 
     async def _respond(self, ack: AsyncAck, body: dict[str, Any]) -> None:
         await ack()
         click = _Click.of(body)
-        record = await self._record(click)
+        record = await self._record(click, question=False)
         if record is None:
             return
         # The rule's say on a respond, whatever its text: asked before the modal opens.
@@ -224,6 +260,43 @@ class SlackReviews:
             return
         await self.channel.client.views_open(
             trigger_id=click.trigger_id, view=_with_message(respond_modal(record), click)
+        )
+
+    async def _choose(self, ack: AsyncAck, body: dict[str, Any]) -> None:
+        """A choice of a question: its answer, checked and recorded as a click's decision."""
+        await ack()
+        click = _Click.of(body)
+        action = (body.get("actions") or [{}])[0]
+        named = chosen(str(action.get("action_id") or ""), str(action.get("value") or ""))
+        if named is None:
+            await self._tell(click, NOT_A_CHOICE)  # names no review to record it on
+            return
+        click.approval_id, index = named
+        record = await self._record(click, question=True)
+        if record is None:
+            return
+        question = question_of(record.request)
+        choices = None if question is None else question.choices
+        if choices is None or index >= len(choices):  # no such button was posted
+            await self._refuse(click, record, NOT_A_CHOICE)
+            return
+        answer = Decision(approved=False, response=choices[index], decided_by=click.user)
+        verdict = await self._allowed(click, record, answer)
+        if verdict is not None:
+            await self._decide(click, record, answer, verdict)
+
+    async def _answer(self, ack: AsyncAck, body: dict[str, Any]) -> None:
+        """Answer, on a free-text question: a modal asks for the answer."""
+        await ack()
+        click = _Click.of(body)
+        record = await self._record(click, question=True)
+        if record is None:
+            return
+        probe = Decision(approved=False, response=RESPOND_PROBE, decided_by=click.user)
+        if await self._allowed(click, record, probe) is None:
+            return
+        await self.channel.client.views_open(
+            trigger_id=click.trigger_id, view=_with_message(answer_modal(record), click)
         )
 
     # --- modals -------------------------------------------------------------------------------
@@ -299,6 +372,25 @@ class SlackReviews:
         await self._text_submitted(
             ack, body, view, "response", response_problem(text),
             lambda user: Decision(approved=False, response=text, decided_by=user),
+            question=False,
+        )  # fmt: skip
+
+    async def _answer_submitted(
+        self, ack: AsyncAck, body: dict[str, Any], view: dict[str, Any]
+    ) -> None:
+        text = _text_of(view, "answer")
+        try:
+            record = await self.store.get(_Click.of_view(body, view).approval_id)
+        except ApprovalNotFound:
+            await ack(response_action="errors", errors={"answer": "this question no longer exists"})
+            return
+        problem = (
+            answer_problem(record.request, text) if is_question(record.request) else NOT_A_QUESTION
+        )
+        await self._text_submitted(
+            ack, body, view, "answer", problem,
+            lambda user: Decision(approved=False, response=text, decided_by=user),
+            question=True,
         )  # fmt: skip
 
     async def _text_submitted(
@@ -309,16 +401,18 @@ class SlackReviews:
         block: str,
         problem: str | None,
         decision_of: Callable[[str], Decision],
+        *,
+        question: bool | None = None,
     ) -> None:
-        """A deny or respond modal's submission: a text that is not accepted keeps the modal
-        open, saying so under its `block`; otherwise the decision is checked and recorded as
-        a click's is."""
+        """A deny, decline, respond or answer modal's submission: a text that is not accepted
+        keeps the modal open, saying so under its `block`; otherwise the decision is checked
+        and recorded as a click's is."""
         if problem is not None:
             await ack(response_action="errors", errors={block: clip(problem, 150)})
             return
         await ack()
         click = _Click.of_view(body, view)
-        record = await self._record(click, wait=False)
+        record = await self._record(click, wait=False, question=question)
         if record is None:
             return
         decision = decision_of(click.user)
@@ -369,7 +463,11 @@ class SlackReviews:
                 person=verdict.person,
                 evidence=verdict.evidence(click.evidence),
             )
-        except (ApprovalAlreadyDecided, ApprovalAlreadyVoted) as exc:
+        except ApprovalAlreadyDecided as exc:
+            await self._tell(click, await self._already(record, exc))
+            return
+        except (ApprovalAlreadyVoted, InvalidDecisionError) as exc:
+            # An answer that is none of a question's choices: the modal checked it before.
             await self._tell(click, _why(exc))
             return
         METRICS.decided(decided, CHANNEL)
@@ -393,14 +491,34 @@ class SlackReviews:
             extra={"approval_id": decided.approval_id, "remember_id": kept.remember_id},
         )
 
+    async def _already(self, record: ApprovalRecord, exc: ApprovalAlreadyDecided) -> str:
+        """What to tell a clicker whose decision came second: for a question, how it was
+        closed (answered, declined, timed out) and by whom."""
+        if not is_question(record.request):
+            return _why(exc)
+        try:
+            record = await self.store.get(record.approval_id)
+        except (ApprovalNotFound, StoreError):
+            return f"this question was already closed by {exc.decided_by or 'someone'}"
+        by = exc.decided_by or "someone"
+        if answer_of(record) is not None:
+            return f"this question was already answered by {by}"
+        if by == TIMEOUT_DECIDER:
+            return "nobody answered this question before its deadline: it is declined"
+        return f"this question was already declined by {by}"
+
     def _decided(self) -> None:
         self.counters["decisions"] += 1
         if self.on_decided is not None:
             self.on_decided()
 
-    async def _record(self, click: _Click, *, wait: bool = True) -> ApprovalRecord | None:
-        """The review the click names, when the click is on one of its messages; else None,
-        once the clicker is told (and a click on another review's message recorded)."""
+    async def _record(
+        self, click: _Click, *, wait: bool = True, question: bool | None = None
+    ) -> ApprovalRecord | None:
+        """The review the click names, when the click is on one of its messages (and, with
+        `question`, when it is a question, or is not); else None, once the clicker is told
+        (and a click on another review's message, or a button a review of its kind does not
+        have, recorded)."""
         try:
             record = await self.store.get(click.approval_id)
         except ApprovalNotFound:
@@ -409,6 +527,9 @@ class SlackReviews:
         if not await self._on_its_message(click, wait=wait):
             await self._refuse_elsewhere(click, record)
             await self._tell(click, NOT_ITS_MESSAGE)
+            return None
+        if question is not None and question != is_question(record.request):
+            await self._refuse(click, record, NOT_A_QUESTION if question else A_QUESTION)
             return None
         return record
 
@@ -435,16 +556,27 @@ class SlackReviews:
 
     async def _refuse_elsewhere(self, click: _Click, record: ApprovalRecord) -> None:
         """Record, on the review the click names, a click made on another message."""
+        await self._refused(click, record, NOT_ITS_MESSAGE)
+
+    async def _refuse(self, click: _Click, record: ApprovalRecord, reason: str) -> None:
+        """Refuse a click whatever the rules say (a button the message does not have):
+        recorded on the review, and the clicker told."""
+        await self._refused(click, record, reason)
+        await self._tell(click, reason)
+
+    async def _refused(self, click: _Click, record: ApprovalRecord, reason: str) -> None:
+        """Record a refused click on the review, with the clicker's person when it can be
+        told."""
         try:
             person: str | None = (await self.authorizer.people.person(click.user)).key
         except IdentityUnavailable:
             person = None
-        METRICS.refused(CHANNEL, NOT_ITS_MESSAGE)
+        METRICS.refused(CHANNEL, reason)
         await self.store.refuse(
             record.approval_id,
             actor=click.user,
             channel=CHANNEL,
-            reason=NOT_ITS_MESSAGE,
+            reason=reason,
             person=person,
             evidence=click.evidence,
         )
@@ -651,6 +783,8 @@ def _why(exc: Exception) -> str:
         return "you have voted on this call already"
     if isinstance(exc, UnknownToolError):
         return "this call's tool is not one this bot can check an edit of"
+    if isinstance(exc, InvalidDecisionError):
+        return f"nothing was recorded: {exc}"
     return str(exc)
 
 

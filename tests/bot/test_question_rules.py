@@ -10,6 +10,8 @@ whatever the rule's `timeout_decision`. The rule's reviewers may answer it, othe
 
 from __future__ import annotations
 
+from dataclasses import replace
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -17,15 +19,17 @@ import pytest
 from nodbot.bot.cli import main as nodbot_command
 from nodbot.bot.config import load_config
 from nodbot.bot.policy.authorize import authorizer_for
-from nodbot.bot.policy.rules import rules_executor
+from nodbot.bot.policy.rules import rule_refusal, rules_executor
 from nodbot.core import (
     QUESTION_TOOL,
+    ApprovalRecord,
     Decision,
     MemoryApprovalStore,
     QuestionPending,
     QuestionUnanswered,
     ToolCall,
 )
+from nodbot.core.questions import make_question, question_request
 from tests.bot.asking_agent import tools
 
 ASKER = "bo@example.com"
@@ -141,7 +145,7 @@ async def test_the_rules_reviewers_may_answer_others_may_not_and_nobody_approves
 
     assert allowed.refusal is None
     assert stranger.refusal is not None and "not one of the reviewers" in stranger.refusal
-    assert approve.refusal is not None and "'approve'" in approve.refusal
+    assert approve.refusal is not None and "not decided with 'approve'" in approve.refusal
     assert edit.refusal is not None
     assert decline.refusal is None
 
@@ -201,3 +205,17 @@ def test_check_config_reads_a_rule_of_ask_as_a_rule_of_questions(
         assert status == 0, printed
     else:
         assert status == 2 and problem in printed.err + printed.out
+
+
+def test_a_question_is_answered_or_declined_whatever_policy_it_was_stored_with() -> None:
+    """A question stored without the bot's rules (no `allowed_decisions`) or with a policy
+    that lists approve: never approved or edited, always answerable or declinable."""
+    question = make_question("Which one?", choices=["a", "b"])
+    for policy in ({}, {"allowed_decisions": ["approve", "edit"]}):
+        request = question_request(question, run_id="r", call_id="c", requested_by=None)
+        request = replace(request, policy={**request.policy, **policy})
+        record = ApprovalRecord("apr_1", request, created_at=datetime.now(UTC))
+        assert rule_refusal(record, Decision(approved=True)) is not None
+        assert rule_refusal(record, Decision(approved=True, edited_args={"question": "x"}))
+        assert rule_refusal(record, Decision(approved=False, response="a")) is None
+        assert rule_refusal(record, Decision(approved=False, reason="no")) is None
