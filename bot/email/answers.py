@@ -14,6 +14,10 @@ An answer is sent once, after the reply was recorded, outside the door's reply (
 server that handed the reply over is not kept waiting for another mail server); one that
 cannot be sent is logged and not tried again: what the reply did is in the review's events,
 and a decision is also announced by the outcome email of every emailed reviewer.
+
+An answer to a reply to a question (`core.questions`) says what it was answered (or that it
+was declined), or why the reply answered nothing and what to send: the choices, numbered, or
+one line of text, or `decline <reason>`.
 """
 
 from __future__ import annotations
@@ -33,7 +37,9 @@ from jinja2 import Environment
 
 from nodbot.bot.config import EmailConfig
 from nodbot.bot.email.channel import one_line
+from nodbot.bot.email.questions import shown
 from nodbot.core import ApprovalRecord
+from nodbot.core.questions import question_of
 
 __all__ = ["Answers", "Send"]
 
@@ -90,10 +96,16 @@ class Answers:
     ) -> EmailMessage:
         """The answer to `reply` of the verified reviewer `address` (whose token is `token`)
         on `record`: `status` "decided" (what it `said`, and whether the review is still
-        `pending` other approvals) or "refused" with its `reason`."""
+        `pending` other approvals) or "refused" with its `reason`. For a question
+        (`core.questions`): what it was answered, or that it was declined, or how to answer."""
         policy = record.request.policy
         allowed = policy.get("allowed_decisions") or ["approve", "edit", "deny"]
+        question = question_of(record.request)
+        decision = record.decision
         context: dict[str, Any] = {
+            **({} if question is None else shown(question)),
+            "is_question": question is not None,
+            "answer": None if decision is None else decision.response,
             "status": status,
             "reason": reason,
             "said": _SAID.get(said or "", "decided"),

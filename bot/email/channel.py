@@ -39,6 +39,13 @@ A link decides nothing when opened (mail scanners open links): it signs its revi
 the web inbox for that approval only, on a page whose form decides (`bot.web.app`). The
 request, the reminders and the outcome also give the review's plain inbox page
 (`<links_base>/inbox/approvals/<id>`, `page`), which asks to sign in first.
+
+A question (`core.questions`) is emailed as a question (`templates/email/question*`), never
+as a call to approve: the subject `Question: <its first line>`, the question, its choices
+numbered, who asked, the deadline and how to answer by reply (`bot.email.questions`), with
+one signed link to its page (signed as a deny's, the decision a question shares; the page
+answers or declines it). Its reminders and its outcome say answered (with the answer),
+declined or timed out.
 """
 
 from __future__ import annotations
@@ -58,6 +65,7 @@ import aiosmtplib
 from jinja2 import Environment, PackageLoader, StrictUndefined, select_autoescape
 
 from nodbot.bot.config import EmailConfig, parse_reviewer
+from nodbot.bot.email.questions import shown as question_shown
 from nodbot.bot.email.reading import MARKER
 from nodbot.bot.email.tokens import InvalidToken, ReplyTokens
 from nodbot.bot.outbox import (
@@ -74,6 +82,8 @@ from nodbot.bot.policy.delegation import Delegations
 from nodbot.bot.policy.people import IdentityUnavailable
 from nodbot.bot.web.signing import ReviewAction, Signer, SignInLinkError, review_link
 from nodbot.core import ApprovalRecord, Delivery, NewDelivery, StoreError
+from nodbot.core.decisions import MAX_RESPONSE
+from nodbot.core.questions import Question, question_of
 from nodbot.core.store import utc_now
 
 __all__ = ["EmailChannel", "email_addresses"]
@@ -297,6 +307,9 @@ class EmailChannel:
         to: str | None = None,
         delegated_for: str | None = None,
     ) -> EmailMessage:
+        question = question_of(record.request)
+        if question is not None:
+            return self._question(delivery, record, token, question, to, delegated_for)
         request, policy = record.request, record.request.policy
         allowed = policy.get("allowed_decisions") or ["approve", "edit", "deny"]
         editable = policy.get("editable")
@@ -324,6 +337,43 @@ class EmailChannel:
         message = self._envelope(delivery, token, subject, to=to)
         message.set_content(self._render("request.txt", context))
         message.add_alternative(self._render("request.html", context), subtype="html")
+        return message
+
+    def _question(
+        self,
+        delivery: Delivery,
+        record: ApprovalRecord,
+        token: str,
+        question: Question,
+        to: str | None,
+        delegated_for: str | None,
+    ) -> EmailMessage:
+        """A question's request: the question, who asked, and how to answer by reply (never
+        approve or edit: `bot.email.questions`)."""
+        request = record.request
+        deadline = request.deadline
+        address = to or delivery.address
+        # Its one link opens the question's page, where it is answered or declined; links
+        # are signed for a review's decision, and declining is the one a question shares.
+        links = self._links(address, record, token, ["deny"], False)
+        context = {
+            **question_shown(question),
+            "marker": self.marker,
+            "escalated": delivery.kind == "escalation",
+            "delegated_for": delegated_for,
+            "description": request.policy.get("description"),
+            "requested_by": request.requested_by,
+            "run_id": request.run_id,
+            "approval_id": record.approval_id,
+            "deadline": None if deadline is None else _when(deadline),
+            "longest": MAX_RESPONSE,
+            "link": links[0][1] if links else None,
+            "page": self._page(record),
+        }
+        subject = self._render("question_subject.txt", context)
+        message = self._envelope(delivery, token, subject, to=to)
+        message.set_content(self._render("question.txt", context))
+        message.add_alternative(self._render("question.html", context), subtype="html")
         return message
 
     def _page(self, record: ApprovalRecord) -> str | None:
@@ -371,7 +421,9 @@ class EmailChannel:
     ) -> EmailMessage:
         decision = record.decision
         assert decision is not None  # an outcome is announced once decided
+        question = question_of(record.request)
         context = {
+            **({} if question is None else question_shown(question)),
             "tool": record.request.tool,
             "approved": decision.approved,
             "timed_out": decision.decided_by == TIMEOUT_DECIDER,
@@ -384,12 +436,13 @@ class EmailChannel:
             "run_id": record.request.run_id,
             "page": self._page(record),
         }
-        message = self._envelope(delivery, token, self._render("outcome_subject.txt", context))
+        name = "outcome" if question is None else "question_outcome"
+        message = self._envelope(delivery, token, self._render(f"{name}_subject.txt", context))
         replied = str((request.ref or {})["message_id"])
         message["In-Reply-To"] = replied
         message["References"] = replied
-        message.set_content(self._render("outcome.txt", context))
-        message.add_alternative(self._render("outcome.html", context), subtype="html")
+        message.set_content(self._render(f"{name}.txt", context))
+        message.add_alternative(self._render(f"{name}.html", context), subtype="html")
         return message
 
     async def _remind(self, delivery: Delivery, record: ApprovalRecord) -> dict[str, Any]:
@@ -432,7 +485,9 @@ class EmailChannel:
         self, delivery: Delivery, record: ApprovalRecord, token: str, request: Delivery
     ) -> EmailMessage:
         policy, deadline = record.request.policy, record.request.deadline
+        question = question_of(record.request)
         context = {
+            **({} if question is None else question_shown(question)),
             "marker": self.marker,
             "step": reminder_step(delivery),
             "limit": len(reminder_steps(record)),
@@ -444,12 +499,13 @@ class EmailChannel:
             "allowed": policy.get("allowed_decisions") or ["approve", "edit", "deny"],
             "page": self._page(record),
         }
-        subject = self._render("reminder_subject.txt", context)
+        name = "reminder" if question is None else "question_reminder"
+        subject = self._render(f"{name}_subject.txt", context)
         message = self._envelope(delivery, token, subject, to=request.address)
         replied = str((request.ref or {})["message_id"])
         message["In-Reply-To"] = replied
         message["References"] = replied
-        message.set_content(self._render("reminder.txt", context))
+        message.set_content(self._render(f"{name}.txt", context))
         return message
 
     async def _request_sent(self, delivery: Delivery, record: ApprovalRecord) -> Delivery | None:

@@ -11,8 +11,9 @@ one added above it would make a copy look new); the sender (`reading.sender`) mu
 token's reviewer and authenticated by the trusted server; the token must verify for them and
 the stored call's digest, and the review be open; then the message is read as its reviewer
 saw it (`reading.reply_command`: the text above the quote, hidden HTML left out, text and
-HTML parts that disagree refused) and decided through the same `Authorizer` and
-`Executor.decide` as every other channel.
+HTML parts that disagree refused; a question's reply, its answer or decline, by
+`questions.reply_answer`, a choice checked again by `core.questions.answer_problem`) and
+decided through the same `Authorizer` and `Executor.decide` as every other channel.
 
 A message is processed once, whatever review it names: the store records its Message-ID
 (`core.store.MESSAGE_ID`, a unique key shared by every replica) in the same transaction as
@@ -53,8 +54,11 @@ from typing import Any, Literal
 
 from nodbot.bot.config import EmailConfig
 from nodbot.bot.email.answers import Answers
+from nodbot.bot.email.channel import TIMEOUT_DECIDER
+from nodbot.bot.email.questions import reply_answer
 from nodbot.bot.email.reading import (
     Approve,
+    Command,
     Deny,
     Edit,
     MessageTooComplex,
@@ -88,6 +92,7 @@ from nodbot.core import (
     UnknownToolError,
 )
 from nodbot.core.decisions import response_problem
+from nodbot.core.questions import answer_problem, is_question, question_of
 from nodbot.core.store import MESSAGE_ID, MESSAGE_ID_BYTES, MessageAlreadyProcessed
 
 __all__ = ["CHANNEL", "Inbound", "Outcome"]
@@ -305,10 +310,14 @@ class Inbound:
         if read.too_complex is not None:
             return await refuse(read.too_complex)  # unread: the reviewer is told why
         if record.decision is not None:
-            by = f" by {record.decision.decided_by}" if record.decision.decided_by else ""
-            return await refuse(f"the review was already decided{by}")
-        editable = self._editable(record)
-        said = await asyncio.to_thread(reply_command, read.message, editable=editable)
+            return await refuse(_decided_before(record, record.decision.decided_by))
+        question = question_of(record.request)
+        said: Command | Unclear
+        if question is not None:
+            said = await asyncio.to_thread(reply_answer, read.message, choices=question.choices)
+        else:
+            editable = self._editable(record)
+            said = await asyncio.to_thread(reply_command, read.message, editable=editable)
         if isinstance(said, Unclear):
             return await refuse(said.reason)
         refuse.said = said.kind
@@ -365,7 +374,10 @@ class Inbound:
                 return too_long
             return Decision(approved=False, reason=said.reason, decided_by=address)
         if isinstance(said, Respond):
-            wrong = response_problem(said.text)
+            if is_question(record.request):  # an answer: one of its choices, if it has any
+                wrong = answer_problem(record.request, said.text)
+            else:
+                wrong = response_problem(said.text)
             if wrong is not None:
                 return wrong
             return Decision(approved=False, response=said.text, decided_by=address)
@@ -407,8 +419,7 @@ class Inbound:
             return refuse.repeated(exc)
         except ApprovalAlreadyDecided as exc:
             refuse.recorded = True  # the store processed the message with its refusal
-            by = f" by {exc.decided_by}" if exc.decided_by else ""
-            return await refuse(f"the review was already decided{by}")
+            return await refuse(_decided_before(record, exc.decided_by))
         except ApprovalAlreadyVoted:
             refuse.recorded = True
             return await refuse("you have voted on this review already")
@@ -441,7 +452,8 @@ class _Refuser:
         self.verified = False
         """The sender is the token's reviewer, authenticated: an answer may go to them."""
         self.said: str | None = None
-        """The command the reply gave: approve, deny or edit."""
+        """The command the reply gave: approve, deny, edit or respond (a question's answer;
+        its decline is a deny)."""
         self.remember = False
         """The reply said `approve and remember`."""
         self.recorded = False
@@ -479,6 +491,20 @@ class _Refuser:
             extra={"approval_id": exc.approval_id, "message_id": exc.message_id},
         )
         return Outcome("refused", str(exc), self.record.approval_id, self.message_id)
+
+
+def _decided_before(record: ApprovalRecord, decided_by: str | None) -> str:
+    """Why a reply to a review decided before decides nothing (a question's says answered or
+    declined, as its record tells, when it is the one read)."""
+    by = f" by {decided_by}" if decided_by else ""
+    if not is_question(record.request):
+        return f"the review was already decided{by}"
+    if decided_by == TIMEOUT_DECIDER:
+        return "the question timed out: nobody answered before its deadline"
+    if record.decision is None:  # decided while this reply was read
+        return f"the question was already answered or declined{by}"
+    done = "answered" if record.decision.response is not None else "declined"
+    return f"the question was already {done}{by}"
 
 
 def _one_line(value: object) -> str | None:

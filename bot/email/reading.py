@@ -75,6 +75,7 @@ __all__ = [
     "parse",
     "parse_head",
     "reply_command",
+    "reply_parts",
     "reply_text",
     "screen",
     "sender",
@@ -463,6 +464,15 @@ def reply_text(message: EmailMessage) -> str:
     return _part_text(message.get_body(preferencelist=("plain", "html")))
 
 
+def reply_parts(message: EmailMessage) -> tuple[str, str | None]:
+    """`reply_text` of each part a reader may have seen: the text part's (the HTML part's
+    when there is no text part), and the HTML part's when there are both (else None)."""
+    plain = message.get_body(preferencelist=("plain",))
+    html = message.get_body(preferencelist=("html",))
+    said = _part_text(plain if plain is not None else html)
+    return said, (_part_text(html) if plain is not None and html is not None else None)
+
+
 def _part_text(part: MIMEPart | None) -> str:
     """`reply_text` of one body part (None: no part, so "")."""
     if part is None:
@@ -568,8 +578,9 @@ Problem: TypeAlias = Literal[
     "not_editable",
     "parts_disagree",
     "respond_empty",
+    "not_a_choice",
 ]
-"""Why a reply decided nothing."""
+"""Why a reply decided nothing (`not_a_choice`: a question's reply, `bot.email.questions`)."""
 
 
 @dataclass(frozen=True)
