@@ -353,9 +353,8 @@ class EmailChannel:
         request = record.request
         deadline = request.deadline
         address = to or delivery.address
-        # Its one link opens the question's page, where it is answered or declined; links
-        # are signed for a review's decision, and declining is the one a question shares.
-        links = self._links(address, record, token, ["deny"], False)
+        # Its one link opens the question's page at its answer form (a respond).
+        links = self._links(address, record, token, ["respond"], False, offer=("respond",))
         context = {
             **question_shown(question),
             "marker": self.marker,
@@ -384,7 +383,14 @@ class EmailChannel:
         return f"{self.links_base.rstrip('/')}/inbox/approvals/{quote(record.approval_id, safe='')}"
 
     def _links(
-        self, address: str, record: ApprovalRecord, token: str, allowed: list[str], can_edit: bool
+        self,
+        address: str,
+        record: ApprovalRecord,
+        token: str,
+        allowed: list[str],
+        can_edit: bool,
+        *,
+        offer: tuple[ReviewAction, ...] = REVIEW_ACTIONS,
     ) -> list[tuple[str, str]]:
         """The request's signed links, `(action, url)` for each decision offered: approve
         and deny as the rule allows, edit when the request says how. Each expires with the
@@ -398,9 +404,7 @@ class EmailChannel:
         except InvalidToken:
             return []
         offered: list[ReviewAction] = [
-            action
-            for action in REVIEW_ACTIONS
-            if (can_edit if action == "edit" else action in allowed)
+            action for action in offer if (can_edit if action == "edit" else action in allowed)
         ]
         signer, base = Signer(self.secret), self.links_base
         expires = int(claims.expires_at.timestamp())

@@ -57,9 +57,11 @@ from nodbot.core import (
 
 if TYPE_CHECKING:
     from nodbot.bot.slack.channel import SlackChannel
+from nodbot.core.questions import is_question
 from nodbot.core.store import utc_now
 
 __all__ = [
+    "NOT_ASKED",
     "NOT_A_REVIEWER",
     "AuthorizeDecision",
     "Authorizer",
@@ -72,6 +74,8 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 NOT_A_REVIEWER = "you are not one of the reviewers of this call"
+NOT_ASKED = "you are not one of the reviewers of this question"
+"""`NOT_A_REVIEWER` for a question (`core.questions`)."""
 
 ONE_VOICE = (
     "an approval of this call counts already for you or for whom you decide (a delegation "
@@ -233,7 +237,7 @@ class Authorizer:
                 f"could not check whether you are among the reviewers "
                 f"({'; '.join(unchecked)}); try again in a moment"
             )
-        return NOT_A_REVIEWER
+        return NOT_ASKED if is_question(record.request) else NOT_A_REVIEWER
 
     async def _for_whom(
         self, person: Person, record: ApprovalRecord, decision: Decision, listed: list[str]

@@ -10,7 +10,8 @@ The public API is what `__all__` lists; the modules behind it are private: `sign
 (links, sessions, form tokens), `app` (the routes and pages, rendered from `templates/web/`),
 `listing` (the list's filters, search and pages), `live` (its live updates, server-sent
 events), `arguments` (a review's arguments, long values folded), `history` (its events as
-people and what they did) and `slack_links` (links back to its Slack messages). The edit form
+people and what they did), `questions` (a question to a person, shown as answered, declined
+or timed out) and `slack_links` (links back to its Slack messages). The edit form
 from a tool's schema is `bot.forms`, shared with Slack.
 """
 

@@ -15,7 +15,8 @@
 |                                        | (`live`)                                           |
 | `GET /inbox/approvals/{id}`            | one approval, its events and the decision forms    |
 | `POST /inbox/approvals/{id}/decide`    | approve, edit, deny or respond (form-encoded); an  |
-|                                        | approve with `remember=yes` is remembered too      |
+|                                        | approve with `remember=yes` is remembered too; a   |
+|                                        | question: respond (answer) or deny (decline)       |
 | `GET /inbox/remembered`                | the live remembered approvals this reviewer made   |
 | `POST /inbox/remembered/{id}/forget`   | forgets one of them, 303 back to the list          |
 | `POST /inbox/logout`                   | ends the session, in the store                     |
@@ -55,6 +56,18 @@ gets as the call's result in the tool's place (the tool does not run), needed an
 `MAX_RESPONSE` characters; a blank or longer one is shown again with what is wrong (422),
 and nothing is recorded. Without `respond` in the rule there is no such form, and a posted
 respond is refused (403, recorded) like any decision the rule does not allow.
+
+A question to a person (`core.questions`, a review of the pseudo-tool `ask`) is shown as
+one (`bot.web.questions`): its text, who asked (the tool, the run, the requester), the
+deadline, and an answer form (its choices as radio buttons, or a text of at most
+`MAX_RESPONSE` characters) beside a Decline form; never Approve or Edit. The answer is a
+respond, decided as any decision here; one that is blank, too long or none of the choices is
+shown again with what is wrong (422), and nothing is recorded. A form that asks a question
+for anything but an answer or a decline is refused the same way; a second answer is a 409
+naming who answered first. The list shows it as a question, with no box to tick: selected
+reviews are approved or denied, which a question is not, so one selected anyway is left as
+it is. Once decided it says "answered" (with the answer), "declined" or "timed out", never
+"denied".
 
 The edit form is built from the tool's model for the tools this bot has, and for a tool that
 runs elsewhere from the JSON schema its caller sent with `POST /approvals` (`policy["schema"]`),
@@ -130,6 +143,7 @@ from nodbot.bot.web.arguments import argument_rows
 from nodbot.bot.web.history import EventView, event_view, handles_to_name, name_of_person
 from nodbot.bot.web.listing import AGES, PAGE_SIZE, QueryError, list_page, parse_query
 from nodbot.bot.web.live import LiveUpdates, StreamRefused
+from nodbot.bot.web.questions import outcome_class, outcome_word, question_view
 from nodbot.bot.web.signing import ReviewLink, Session, Signer, TokenError, link_for
 from nodbot.bot.web.slack_links import SlackMessage, Workspace, slack_messages
 from nodbot.core import (
@@ -155,6 +169,7 @@ from nodbot.core import (
 from nodbot.core.decisions import MAX_RESPONSE, response_problem
 from nodbot.core.delegations import Delegation, DelegationNotFound
 from nodbot.core.outbox import Outbox
+from nodbot.core.questions import answer_problem, is_question
 from nodbot.core.remembered import RememberedApproval, RememberedNotFound
 from nodbot.core.store import SessionRevocations, utc_now
 
@@ -284,6 +299,9 @@ class WebInbox:
         self.templates.globals["max_reason"] = MAX_REASON
         self.templates.filters["shown"] = shown
         self.templates.filters["compact"] = _compact
+        self.templates.globals["question_view"] = question_view
+        self.templates.globals["outcome_word"] = outcome_word
+        self.templates.globals["outcome_class"] = outcome_class
 
     def sign_in_link(self, principal: str, base: str) -> str:
         """A sign-in link for `principal`, signed with this inbox's secret; `base` is the
@@ -469,6 +487,9 @@ class WebInbox:
         # What the reviewer may not see is answered as unknown: neither decided nor refused,
         # so that nothing tells it exists.
         seen = [found for found in [await self._seen(who, i) for i in ids] if found is not None]
+        # A question is answered or declined on its own page, never approved or denied with
+        # others: one selected anyway is left as it is (its outcome says so).
+        seen = [record for record in seen if not is_question(record.request)]
         if action == "approve" and form.get("confirm") != "yes":
             destructive = [r for r in seen if r.decision is None and self._destructive(r)]
             if destructive:
@@ -583,6 +604,15 @@ class WebInbox:
                 f"The form asked for {action!r}; a decision is approve, edit, deny or respond.",
                 approval_id=record.approval_id,
             )
+        question = is_question(record.request)
+        if question and action not in ("respond", "deny"):
+            raise PageError(
+                422,
+                "Not an answer",
+                f"The form asked for {action!r}; a question is answered or declined. Nothing "
+                "was recorded.",
+                approval_id=record.approval_id,
+            )
         remember = form.get("remember")
         if remember is not None:
             self._check_remember(record, action, remember)
@@ -608,7 +638,10 @@ class WebInbox:
         decision = Decision(approved=action != "deny", reason=reason, decided_by=who)
         if action == "respond":
             response = form.get("response", "").strip()
-            wrong = response_problem(response)
+            # A question's answer is checked as the question has it (one of its choices).
+            wrong = (
+                answer_problem(record.request, response) if question else response_problem(response)
+            )
             if wrong is not None:
                 return await self._approval_page(
                     session,
@@ -667,9 +700,24 @@ class WebInbox:
                 evidence=verdict.evidence(evidence),  # and whom for, when by a delegation
             )
         except ApprovalAlreadyDecided as exc:
+            if question:
+                raise _already_answered(await self.store.get(record.approval_id)) from None
             raise _already_decided(record.approval_id, exc.decided_by) from None
         except ApprovalAlreadyVoted:
             raise _already_voted(record.approval_id) from None
+        except InvalidDecisionError as exc:
+            if not question:
+                raise PageError(
+                    422, "Decision not accepted", str(exc), approval_id=record.approval_id
+                ) from None
+            # The question's own check, made again where the answer is recorded.
+            return await self._approval_page(
+                session,
+                record,
+                status=422,
+                response=decision.response,
+                problem=f"{str(exc)[0].upper()}{str(exc)[1:]}: nothing was recorded.",
+            )
         except InvalidArgumentsError as exc:
             errors = {error["field"].split(".", 1)[0]: error["message"] for error in exc.errors}
             fields = parse_edit(self._fields(record), form, record.request.arguments).fields
@@ -687,7 +735,7 @@ class WebInbox:
                 problem="The tool does not accept these values; nothing was recorded."
                 + (f" {rest}" if rest else ""),
             )
-        except (InvalidDecisionError, UnknownToolError) as exc:
+        except UnknownToolError as exc:
             raise PageError(
                 422, "Decision not accepted", str(exc), approval_id=record.approval_id
             ) from None
@@ -880,6 +928,7 @@ class WebInbox:
         dms = [message.to for message in slack if message.place == "dm"]
         names = await self._names(list(dict.fromkeys(handles_to_name(events) + dms)))
         remember = self._remember_offer(record)
+        question = question_view(record)
         return self._render(
             "approval.html",
             status,
@@ -888,7 +937,10 @@ class WebInbox:
             policy=record.request.policy,
             tool_description=description,
             arguments=argument_rows(record.request.arguments, _edited(record)),
-            events=[_event(e, names) for e in events],
+            events=[
+                _event(e, names, question=None if question is None else question.state)
+                for e in events
+            ],
             votes=[_voter(e, names) for e in voted],
             slack=slack,
             names=names,
@@ -904,7 +956,8 @@ class WebInbox:
             destructive=self._destructive(record),
             confirming=confirming and actions.get("approve", "") is None,
             chosen=chosen if chosen is not None and actions.get(chosen, "") is None else None,
-            result=await self._result(record) if record.finished else None,
+            question=question,
+            result=await self._result(record) if record.finished and not question else None,
             remember=remember,
             remembering=remembering and remember is not None,
             remembered=await self._remembered_from(record) if remember is not None else None,
@@ -1086,9 +1139,14 @@ class WebInbox:
     ) -> tuple[str | None, dict[Action, str | None]]:
         """The person `who` stands for, and each action with why the policy refuses it to
         them (None: allowed); `respond` only where the rule lists it (elsewhere it is no
-        action to offer, nor to say is closed)."""
-        approve = await self.authorize(who, record, Decision(approved=True))
+        action to offer, nor to say is closed). A question has two: `respond` (answer it)
+        and `deny` (decline it); approve and edit are no actions of it."""
         deny = await self.authorize(who, record, Decision(approved=False))
+        if is_question(record.request):
+            answer = Decision(approved=False, response=RESPOND_PROBE)
+            answered = await self.authorize(who, record, answer)
+            return deny.person, {"respond": answered.refusal, "deny": deny.refusal}
+        approve = await self.authorize(who, record, Decision(approved=True))
         found: dict[Action, str | None] = {"approve": approve.refusal, "deny": deny.refusal}
         if "respond" in (record.request.policy.get("allowed_decisions") or []):
             answer = Decision(approved=False, response=RESPOND_PROBE)
@@ -1123,11 +1181,16 @@ class WebInbox:
         person, actions = await self._actions(who, record)
         votes = await self._votes(record)
         voted = any(_is_voter(e, who, person) for e in votes)
+        # A question is answered on its own page: never selected (approved or denied) here.
+        selectable = not is_question(record.request) and None in (
+            actions.get("approve", ""),
+            actions.get("deny", ""),
+        )
         return {
             "record": record,
             "votes": [_voter(e) for e in votes],
             "voted": voted,
-            "selectable": not voted and None in (actions["approve"], actions["deny"]),
+            "selectable": not voted and selectable,
         }
 
     def _decided(self) -> None:
@@ -1149,12 +1212,15 @@ class WebInbox:
     ) -> dict[str, Any]:
         """What the act `act` of `who` did to one review, from its events: `status` decided,
         voted (waiting for more approvals), refused (with the `reason`), already_decided
-        (`by` whom), already_voted, not_recorded (the decision was not accepted), or
-        not_found (no approval `who` may see has the id)."""
+        (`by` whom), already_voted, not_recorded (the decision was not accepted), question
+        (a question, which is answered on its own page: nothing was recorded), or not_found
+        (no approval `who` may see has the id)."""
         record = await self._seen(who, approval_id)
         found: dict[str, Any] = {"approval_id": approval_id, "record": record}
         if record is None:
             return {**found, "status": "not_found"}
+        if is_question(record.request):
+            return {**found, "status": "question"}
         events = await self.store.events(approval_id)
         ours = [e for e in events if _of_act(e, act) and _is_voter(e, who, person)]
         kinds = {event.kind for event in ours}
@@ -1492,6 +1558,23 @@ def _already_decided(approval_id: str, decided_by: str | None) -> PageError:
     )
 
 
+def _already_answered(record: ApprovalRecord) -> PageError:
+    """The page of an answer to a question that was answered (declined, timed out) first."""
+    view = question_view(record)
+    state = view.state if view is not None else "answered"
+    decided_by = record.decision.decided_by if record.decision is not None else None
+    if state == "timed out":
+        what = "This question already timed out: nobody answered before its deadline"
+    else:
+        what = f"This question was already {state}" + (f" by {decided_by}" if decided_by else "")
+    return PageError(
+        409,
+        f"Already {state}",
+        f"{what}. The first answer counts, and yours was not recorded.",
+        approval_id=record.approval_id,
+    )
+
+
 def _already_voted(approval_id: str) -> PageError:
     return PageError(
         409,
@@ -1630,7 +1713,10 @@ def _edited(record: ApprovalRecord) -> dict[str, Any] | None:
     return record.decision.edited_args if record.decision is not None else None
 
 
-def _event(event: ApprovalEvent, names: Mapping[str, str] | None = None) -> EventView:
+def _event(
+    event: ApprovalEvent, names: Mapping[str, str] | None = None, *, question: str | None = None
+) -> EventView:
     """One line of the review's history: people by name, the bot as nodbot, digests and
-    evidence kept for the disclosure (`bot.web.history`)."""
-    return event_view(event, names)
+    evidence kept for the disclosure, a question's decision as answered or declined
+    (`bot.web.history`)."""
+    return event_view(event, names, question=question)

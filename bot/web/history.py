@@ -24,6 +24,14 @@ shortened; everything else (the arguments' digest a decision is bound to, the ch
 evidence such as the inbox's session digest, Slack's click, an email's Message-ID, a kept
 result) goes to `EventView.details`, which the page folds away. Every function here is pure
 and total: a stored event of any shape is shown, never raised on.
+
+A question's review (`core.questions`) is answered by a respond and declined by a deny, both
+stored as a denial; its history says so in a person's terms (`event_view(question=...)`,
+given where the question stands): its `decided` event is shown as "answered" (with the
+answer), "declined" (with the reason), or "timed out" (decided by `nodbot:timeout`); the
+store's action behind it (respond, deny) goes to the details, and its status (denied, for
+all three) is not shown (nor the action on the line of the vote before it); the run taking
+it (`finished`, outcome denied) says the question's outcome instead.
 """
 
 from __future__ import annotations
@@ -36,6 +44,7 @@ from datetime import datetime
 from typing import Any, Literal, TypeAlias
 
 from nodbot.core import ApprovalEvent
+from nodbot.core.store import TIMEOUT_DECIDER
 
 __all__ = [
     "DETAIL_LIMIT",
@@ -105,6 +114,8 @@ class EventView:
 
     at: datetime
     kind: str
+    """The event's kind; a question's decision says what it did: answered, declined, timed
+    out."""
     who: Who
     for_whom: str | None
     """Whom a delegate decided for (`bob for ana`), by name when known."""
@@ -141,9 +152,13 @@ def handles_to_name(events: Iterable[ApprovalEvent]) -> list[str]:
     return list(found)
 
 
-def event_view(event: ApprovalEvent, names: Mapping[str, str] | None = None) -> EventView:
+def event_view(
+    event: ApprovalEvent, names: Mapping[str, str] | None = None, *, question: str | None = None
+) -> EventView:
     """`event` as the history shows it; `names` maps handles (lower case) to the names to
-    show for them. Never raises, whatever the event's detail holds."""
+    show for them; `question`: for the event of a question's review, where the question
+    stands (answered, declined, timed out, waiting; see the module). Never raises, whatever
+    the event's detail holds."""
     names = names or {}
     detail: Mapping[Any, Any] = event.detail if isinstance(event.detail, Mapping) else {}
     evidence = _evidence(detail)
@@ -172,15 +187,53 @@ def event_view(event: ApprovalEvent, names: Mapping[str, str] | None = None) -> 
             details += [(f"evidence.{k}", _text(v)) for k, v in evidence.items()]
         else:
             details.append((str(key), _text(value)))
+    kind = str(event.kind)
+    if question is not None:
+        kind, summary, details = _as_question(question, event, detail, summary, details)
     return EventView(
         at=event.at,
-        kind=str(event.kind),
+        kind=kind,
         who=who,
         for_whom=_for_whom(evidence, names),
         channel=event.channel if isinstance(event.channel, str) else "",
         summary=tuple(summary),
         details=tuple(details),
     )
+
+
+_Pairs: TypeAlias = list[tuple[str, str]]
+
+
+def _as_question(
+    state: str, event: ApprovalEvent, detail: Mapping[Any, Any], summary: _Pairs, details: _Pairs
+) -> tuple[str, _Pairs, _Pairs]:
+    """The kind, summary and details of an event of a question's review (`state`: where the
+    question stands), in a person's terms (see the module)."""
+    kind = str(event.kind)
+    if kind == "finished":
+        # The run took the question's outcome: a denial in store terms, whatever it was.
+        summary = [(k, state if (k, t) == ("outcome", "denied") else t) for k, t in summary]
+    if kind in ("voted", "decided"):
+        if kind == "decided":
+            kind = _question_outcome(event, detail)
+        # Its line says what the person did; the store's verb (respond, deny) goes under
+        # "more", and its status (a denial, whatever was done) is not shown at all.
+        moved = [(key, text) for key, text in summary if key == "action"]
+        summary = [(key, text) for key, text in summary if key not in ("status", "action")]
+        details = moved + [(key, text) for key, text in details if key != "status"]
+    return kind, summary, details
+
+
+def _question_outcome(event: ApprovalEvent, detail: Mapping[Any, Any]) -> str:
+    """What a question's `decided` event did: answered (a respond), timed out, declined."""
+    action = detail.get("action")
+    if action == "respond" or isinstance(detail.get("response"), str):
+        return "answered"
+    if event.actor == TIMEOUT_DECIDER:
+        return "timed out"
+    if action == "deny" or detail.get("status") == "denied":
+        return "declined"
+    return "decided"
 
 
 def _who(event: ApprovalEvent, names: Mapping[str, str]) -> Who:

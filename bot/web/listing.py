@@ -7,14 +7,15 @@ and reloaded, and works without a script:
 |-------------|------------------------------------------------------------|--------------------|
 | `status`    | pending reviews, decided ones, or both (pending first)     | pending, decided,  |
 |             |                                                            | all (the default)  |
-| `tool`      | reviews of this tool                                       | its name           |
+| `tool`      | reviews of this tool (`ask`: questions to a person)        | its name           |
 | `requester` | reviews asked for by this handle (case-insensitive)        | a handle           |
 | `rule`      | reviews of the rule at this position in the configuration  | 0, 1, ... defaults |
 | `age`       | reviews asked for within, or more than, an hour, day, week | newer-1h, newer-1d |
 |             |                                                            | newer-7d, older-1h |
 |             |                                                            | older-1d, older-7d |
 | `q`         | reviews with every word of it in their tool, ids,          | free text          |
-|             | description, requester, arguments or decision (any case)   |                    |
+|             | description, requester, arguments (a question's text and   |                    |
+|             | choices) or decision (any case; an answer too)             |                    |
 | `page`      | the page, `PAGE_SIZE` reviews each                         | 1, 2, ...          |
 
 An empty value is no filter (a form sends its empty fields). A value that is not understood
@@ -251,8 +252,8 @@ def matches(query: ListQuery, record: ApprovalRecord, now: datetime) -> bool:
 
 def searched_text(record: ApprovalRecord) -> str:
     """What a search looks through, case-folded: the tool, the approval, run and call ids,
-    the requester, the rule's description, the arguments (as JSON), and the decision's
-    decider and reason."""
+    the requester, the rule's description, the arguments (as JSON: a question's text and
+    choices), and the decision's decider, reason and answer (a respond's text)."""
     request = record.request
     decision = record.decision
     parts = [
@@ -265,7 +266,7 @@ def searched_text(record: ApprovalRecord) -> str:
         json.dumps(request.arguments, ensure_ascii=False, default=str),
     ]
     if decision is not None:
-        parts += [decision.decided_by or "", decision.reason or ""]
+        parts += [decision.decided_by or "", decision.reason or "", decision.response or ""]
     return "\n".join(parts).casefold()
 
 

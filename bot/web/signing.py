@@ -51,12 +51,12 @@ LOGIN_PATH = "/inbox/login"
 REVIEW_PATH = "/inbox/review"
 
 Purpose = Literal["link", "session", "review"]
-ReviewAction = Literal["approve", "edit", "deny"]
+ReviewAction = Literal["approve", "edit", "deny", "respond"]
 
 _PRINCIPAL = re.compile(r"[A-Za-z0-9_.+@-]+")
 """The characters of a principal, as for API token names (bot.config)."""
 _APPROVAL_ID = re.compile(r"[A-Za-z0-9_-]{1,100}")
-_REVIEW_ACTIONS: tuple[ReviewAction, ...] = ("approve", "edit", "deny")
+_REVIEW_ACTIONS: tuple[ReviewAction, ...] = ("approve", "edit", "deny", "respond")
 
 
 class SignInLinkError(NodbotError):

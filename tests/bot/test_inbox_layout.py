@@ -6,7 +6,11 @@ with its disclosures closed (as it opens) and all opened (as a reviewer reads th
 
 Every screenshot is kept for CI to publish: under `$NODBOT_ARTIFACTS/inbox/` (by default
 `build/artifacts/inbox/` in the repository), named by page, state and width
-(`list-390.png`, `review-history-open-1280.png`, ...)."""
+(`list-390.png`, `review-history-open-1280.png`, ...).
+
+Questions to a person (`ctx.ask`) have pages of their own: their choices as radio buttons or
+a text to answer, and once answered the answer; they are laid out the same way, with a
+question, choices and an answer of unbroken characters (`question-choices-390.png`, ...)."""
 
 from __future__ import annotations
 
@@ -18,7 +22,9 @@ from typing import Any
 
 import pytest
 
+from nodbot.core import QuestionPending
 from tests.bot.test_inbox_phone import LONG_ORDER, WIDE_TAGS
+from tests.bot.test_inbox_questions import asked, served_questions
 from tests.bot.test_web_inbox import CAROL, LEAD, SLACK_LEAD, Inbox, decide, served_inbox
 from tests.fakes.browser import Browser, Page, chromium, chromium_missing
 
@@ -172,3 +178,64 @@ async def test_a_folded_value_shows_its_start_and_opens_to_the_whole(
     await wide.goto(web.url + pages["list"])
     header = await wide.evaluate("getComputedStyle(document.querySelector('table thead')).display")
     assert header == "table-header-group"  # the list is a table there, not cards
+
+
+LONG_CHOICES = ["c" * 75, "Porto " + "p" * 69, "Leeds"]
+"""Choices as long as a question may have them (75 characters), one with no break."""
+
+
+async def questions(web: Inbox) -> dict[str, str]:
+    """The pages of questions to lay out: choices (long ones, on a long question), free
+    text, an answered question with a long answer, and the list with them."""
+    _, _, choices = await asked(web, "ship", order_id=LONG_ORDER, run_id="run_1")
+    _, _, free = await asked(web, "note", order_id=LONG_ORDER, run_id="run_2")
+    _, _, answered = await asked(web, "note", order_id="A3", run_id="run_3")
+    ctx = web.executor.context(run_id="run_" + "r" * 120, requested_by=CAROL)
+    with pytest.raises(QuestionPending) as waiting:
+        await ctx.ask("Which of these? " + "q" * 300, choices=LONG_CHOICES)
+    lead = await web.signed_in(LEAD)
+    page = await lead.get(f"/inbox/approvals/{answered}")
+    csrf = page.text.split('name="csrf" value="', 1)[1].split('"', 1)[0]
+    sent = await lead.post(
+        f"/inbox/approvals/{answered}/decide",
+        data={"csrf": csrf, "action": "respond", "response": "a" * 400 + "\nsecond line"},
+    )
+    assert sent.status_code == 303, sent.text
+    return {
+        "list-questions": "/inbox",
+        "question-choices": f"/inbox/approvals/{choices}",
+        "question-long-choices": f"/inbox/approvals/{waiting.value.approval_id}",
+        "question-text": f"/inbox/approvals/{free}",
+        "question-answered": f"/inbox/approvals/{answered}",
+    }
+
+
+async def test_questions_fit_a_phone_and_a_laptop_without_sideways_scrolling(
+    tmp_path: Path, browser: Browser
+) -> None:
+    async with served_questions(tmp_path / "questions") as web:
+        pages = await questions(web)
+        folder = artifacts()
+        measured: dict[str, dict[str, Any]] = {}
+        for width in WIDTHS:
+            tab = await browser.page(width=width, height=900, mobile=width < 600)
+            await tab.goto(web.link(LEAD))
+            for name, path in pages.items():
+                await tab.goto(web.url + path)
+                await tab.evaluate(
+                    "document.querySelectorAll('details').forEach(d => d.open = true)"
+                )
+                measured[f"{name}-{width}"] = await fits(tab, width, folder / f"{name}-{width}.png")
+        choices = await tab.evaluate(
+            "document.querySelectorAll('#decide-answer input[type=radio]').length"
+        )
+        assert choices == 0  # the last page is the answered one: no form left
+    assert {"question-choices-390", "question-text-1280"} <= measured.keys()
+    wrong = {
+        name: found
+        for name, found in measured.items()
+        if found["client"] != found["expected"]
+        or found["scroll"] > found["client"]
+        or found["wide"]
+    }
+    assert not wrong, f"pages wider than their window: {wrong}"
