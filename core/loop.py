@@ -23,6 +23,10 @@ resume checks come first, and nothing is recorded or run when one fails:
 - an answer of no known form raises `InvalidDecisionError`, an edit the tool's model
   refuses `InvalidArgumentsError`.
 
+A call that asked a person (`ctx.ask`) waits on its question: its key answers the question,
+with the answer as text (`answers={"approve_call_1": "Porto"}`) or a respond; an answer that
+is none of its choices, or an approval, raises `InvalidDecisionError`.
+
 A resume that leaves pending calls unanswered is no error: those calls stay pending, and
 the result is `pending` again.
 """
@@ -41,12 +45,14 @@ from nodbot.core.calls import ToolCall, ToolContext, ToolResult
 from nodbot.core.decisions import ToolInterrupt, approval_interrupt_id, as_decision, merge_edit
 from nodbot.core.errors import (
     ConfigurationError,
+    InvalidDecisionError,
     NodbotError,
     NotPendingError,
     RunPausedError,
 )
 from nodbot.core.executor import Executor
 from nodbot.core.ports import ApprovalPort, DeferredApproval
+from nodbot.core.questions import answer_problem, is_question
 from nodbot.core.rules import InterruptRule
 from nodbot.core.store import ApprovalRecord
 from nodbot.core.tools import ToolRegistry, ToolSpec, arguments_digest
@@ -262,7 +268,13 @@ async def _pending_reviews(
     pending: dict[str, ApprovalRecord] = {}
     for call in _open_turn(conversation)[1]:
         record = await port.store.find(ctx.run_id, call.id)
-        if record is None or record.decision is not None or record.request.tool != call.name:
+        if record is None:
+            # A call that asked a person (`ctx.ask`) waits on its question instead.
+            asked = await _pending_question(port, ctx.run_id, call)
+            if asked is not None:
+                pending[approval_interrupt_id(call.id)] = asked
+            continue
+        if record.decision is not None or record.request.tool != call.name:
             continue
         try:
             canonical = ctx.executor.registry.get(call.name).validate(call.arguments).canonical
@@ -271,6 +283,22 @@ async def _pending_reviews(
         if record.request.digest == arguments_digest(canonical):
             pending[approval_interrupt_id(call.id)] = record
     return pending
+
+
+async def _pending_question(
+    port: DeferredApproval, run_id: str, call: ToolCall
+) -> ApprovalRecord | None:
+    """The pending question the call asked (`ctx.ask`: a review of the run under the call id
+    `<call id>.ask_<key>`), the newest if it asked several; None when it waits on none."""
+    prefix = f"{call.id}.ask_"
+    asked = [
+        record
+        for record in await port.store.list(run_id=run_id, status="pending")
+        if record.request.call_id.startswith(prefix)
+        and record.request.policy.get("question") is not None
+        and record.request.arguments.get("asked_by") == call.name
+    ]
+    return asked[-1] if asked else None
 
 
 async def _record_answers(
@@ -288,9 +316,29 @@ async def _record_answers(
     wrong = [str(key) for key in answers if key not in pending]
     if wrong:
         raise NotPendingError(run_id=ctx.run_id, keys=wrong, pending=list(pending))
+    answers = {
+        # A question's answer may be given bare, as seed 001's `Resume(value)` gives it.
+        key: {"action": "respond", "message": answer}
+        if isinstance(answer, str) and is_question(pending[key].request)
+        else answer
+        for key, answer in answers.items()
+    }
     for key, answer in answers.items():  # checked, all of them, before any is recorded
         request = pending[key].request
         decision = as_decision(answer, decided_by=decided_by, tool=request.tool)
+        if is_question(request) and decision.approved:
+            raise InvalidDecisionError(
+                f"the question of {key} is answered (a text, or a respond) or declined, "
+                "not approved",
+                errors=[{"field": key, "message": "not an answer"}],
+            )
+        if decision.response is not None and is_question(request):
+            problem = answer_problem(request, decision.response)
+            if problem is not None:
+                raise InvalidDecisionError(
+                    f"not an answer to the question of {key}: {problem}",
+                    errors=[{"field": key, "message": problem}],
+                )
         if decision.edited_args is not None:
             merged = merge_edit(request.arguments, decision.edited_args)
             ctx.executor.registry.get(request.tool).validate(merged, source="edited arguments")

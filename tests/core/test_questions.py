@@ -433,3 +433,38 @@ async def test_the_default_id_is_the_same_question_however_often_the_call_runs(s
     _, other = await shop.asked(order="B2")
     assert other.error is not None
     assert other.error.details["approval_id"] != first.error.details["approval_id"]
+
+
+async def test_a_resume_answers_the_question_of_a_call_by_its_key(shop: Shop) -> None:
+    """Seed 001's `Resume(answers={key: value})`: the asking call's key takes the answer as
+    plain text; an answer that is none of the choices, or an approval, records nothing."""
+    call = ToolCall(name="ship", arguments={"order_id": "K1"}, id="call_k1")
+    chat = ScriptedChat([ChatResponse(tool_calls=[call]), "shipped"])
+    paused = await run_tool_loop(
+        chat, [HumanMessage(content="ship K1")], shop.executor.context("run_k")
+    )
+    assert list(paused.interrupts) == ["approve_call_k1"]
+    [waiting] = paused.pending
+
+    for wrong in ["Paris", True, {"action": "approve"}]:
+        with pytest.raises(InvalidDecisionError):
+            await run_tool_loop(
+                chat,
+                paused.messages,
+                shop.executor.context("run_k"),
+                answers={"approve_call_k1": wrong},
+                decided_by="ana",
+            )
+        assert (await shop.store.get(waiting.approval_id)).status == "pending"
+
+    done = await run_tool_loop(
+        chat,
+        paused.messages,
+        shop.executor.context("run_k"),
+        answers={"approve_call_k1": "porto"},
+        decided_by="ana",
+    )
+
+    assert done.finish == "stop"
+    assert shop.shipped == [("K1", "Porto")]
+    assert answer_of(await shop.store.get(waiting.approval_id)) == "Porto"
