@@ -212,6 +212,7 @@ def _resolution(call: PendingCall, record: ApprovalRecord) -> Resolution:
         message=decision.reason,
         decided_by=decision.decided_by,
         consumed=None,
+        response=decision.response,
     )
 
 

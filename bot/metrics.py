@@ -12,6 +12,12 @@ Label values are bounded: a tool is named as the configuration knows it (its age
 and the tools its rules name), any other as `other`; a rule by its position in the file
 (`0`, `1`, ...), `defaults`, or `none` when no rule holds the call; a channel, a refusal's
 reason and a route from fixed sets. No argument, person or free text becomes a label.
+
+A decision's `outcome` is `approved`, `edited`, `denied`, `responded` (a reviewer answered in
+the tool's place: recorded as a denial, since nothing ran, but counted as its own outcome) or
+`expired` (decided by the timeout). A question to a person is a review of the pseudo-tool
+`ask` (`core.questions`), always a tool the label names: its answer is `responded` on tool
+`ask`, its decline `denied`, its timeout `expired`.
 """
 
 from __future__ import annotations
@@ -23,7 +29,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from nodbot.core import ApprovalRecord, ApprovalRequest, Decision, Delivery
+from nodbot.core import QUESTION_TOOL, ApprovalRecord, ApprovalRequest, Decision, Delivery
 from nodbot.core.ports import Decided, PortAnswer
 from nodbot.core.store import TIMEOUT_DECIDER, utc_now
 
@@ -33,9 +39,11 @@ if TYPE_CHECKING:
 __all__ = [
     "DECISION_BUCKETS",
     "METRICS",
+    "OUTCOMES",
     "RUN_BUCKETS",
     "Metrics",
     "escape",
+    "outcome_of",
     "refusal_reason",
 ]
 
@@ -81,6 +89,22 @@ REFUSALS: tuple[tuple[str, str], ...] = (
 )
 """How a refusal's words (the authorizer's, the rules', the channels') map to its reason
 label: the first phrase found wins; anything else is `other`."""
+
+
+OUTCOMES = frozenset({"approved", "edited", "denied", "responded", "expired"})
+"""What a decision did (`outcome` of the decision histogram)."""
+
+
+def outcome_of(decision: Decision) -> str:
+    """The `outcome` label of `decision`: a respond (`Decision.response`, a question's answer
+    too) is `responded`, not the denial it is stored as; a timeout's decision `expired`."""
+    if decision.decided_by == TIMEOUT_DECIDER:
+        return "expired"
+    if decision.response is not None:
+        return "responded"
+    if not decision.approved:
+        return "denied"
+    return "edited" if decision.edited_args else "approved"
 
 
 def refusal_reason(text: str) -> str:
@@ -231,7 +255,8 @@ class Metrics:
         """The label values of `config`: its agents' `tools`, the tools its rules name, its
         rules' positions and `defaults`."""
         named = {rule.tool for rule in config.rules if rule.tool != "*"}
-        self.tools = frozenset({*tools, *named})
+        # Questions are reviews of `ask` whichever rule takes them (`*`, `defaults`).
+        self.tools = frozenset({*tools, *named, QUESTION_TOOL})
         self.rules = frozenset({*(str(n) for n in range(len(config.rules))), "defaults"})
         # Said 0 from the start for each rule that can time out or escalate: a series that
         # appears at its first event hides that event from `increase()` and `rate()`.
@@ -259,12 +284,9 @@ class Metrics:
         decision, at = record.decision, record.decided_at
         if decision is None or at is None:
             return
-        if decision.decided_by == TIMEOUT_DECIDER:
-            outcome, channel = "expired", "timeout"
-        elif not decision.approved:
-            outcome = "denied"
-        else:
-            outcome = "edited" if decision.edited_args else "approved"
+        outcome = outcome_of(decision)
+        if outcome == "expired":
+            channel = "timeout"
         request = record.request
         rule = self.rule(request.policy)
         by = decision.decided_by or ""
@@ -319,9 +341,8 @@ class Metrics:
         agents): no review waited, so 0 seconds."""
         by = decision.decided_by or ""
         rule = by.removeprefix(RULE_DECIDES) if by.startswith(RULE_DECIDES) else "none"
-        outcome = "approved" if decision.approved else "denied"
         rule = rule if rule in self.rules or rule == "none" else OTHER
-        self.decision_seconds.observe(0.0, self.tool(tool), rule, "rules", outcome)
+        self.decision_seconds.observe(0.0, self.tool(tool), rule, "rules", outcome_of(decision))
 
     def delivered(self, channel: str, kind: str, result: str, *, known: Iterable[str]) -> None:
         """A delivery attempt's `result`: sent, skipped (nothing to tell any more), failed

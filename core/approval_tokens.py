@@ -4,7 +4,8 @@ the only form in which a bridge passes an approval to an agent framework.
 A token names one decision and binds it to the call it answers: the run id, the framework's
 native call id, the tool and the SHA-256 digest of the call's original arguments
 (`arguments_digest`), with the decision itself (approved or not, the final arguments' digest
-when a reviewer edited them, the reason). It is `nat1.<claims>.<mac>`: the claims as
+when a reviewer edited them, the reason, and for a respond the reviewer's answer given in the
+tool's place). It is `nat1.<claims>.<mac>`: the claims as
 base64url canonical JSON, and HMAC-SHA256 over them keyed by a key derived from the API
 bearer token that consumed the decision. The bot and the holder of that bearer token can
 both compute the key, so a client checks a token it was handed without any other secret,
@@ -29,6 +30,13 @@ A caller that runs the call through a nodbot `Executor` of its own passes the to
 (`TokenApproval`): the executor verifies it, checks it against that very call (run, call id,
 tool, the digest of the call's arguments as given), runs the call at most once on it, and
 refuses it for any other call with `ApprovalMismatchError`.
+
+A respond (a reviewer's answer in the tool's place, `Decision.response`) is a denial whose
+claims carry the answer as `response`, covered by the signature like every claim: the
+executor's decision for the call is then `Decision(approved=False, response=...)`, so
+`executor.run` returns the answer and the tool does not run. A claim `response` is left out
+of the claims when None, so the tokens of every other decision are signed over the same
+claims as before it existed (and a client that predates it still reads them).
 """
 
 from __future__ import annotations
@@ -41,6 +49,8 @@ import json
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
+
+from pydantic import ValidationError
 
 from nodbot.core.decisions import Decision
 from nodbot.core.errors import NodbotError
@@ -80,10 +90,16 @@ class ApprovalToken:
     reason: str | None = None
     edited_digest: str | None = None
     """SHA-256 of the final arguments when a reviewer edited them, else None."""
+    response: str | None = None
+    """A respond's answer, given to the model in the tool's place (`Decision.response`;
+    only with `approved` false); None for every other decision, and then not in the claims."""
 
     def sign(self, key: bytes) -> str:
         """The token's text, signed with `key` (`token_key`)."""
-        payload = _b64(canonical_json(asdict(self)).encode())
+        claims = asdict(self)
+        if claims["response"] is None:
+            del claims["response"]  # the claims of every other decision, as they always were
+        payload = _b64(canonical_json(claims).encode())
         return f"{PREFIX}.{payload}.{_b64(_mac(key, payload))}"
 
     @classmethod
@@ -101,10 +117,16 @@ class ApprovalToken:
         if not hmac.compare_digest(given, _mac(key, payload)):
             raise InvalidApprovalToken("the approval token was not issued to this client")
         try:
-            claims = json.loads(_unb64(payload))
-            return cls(**claims)
+            claims = cls(**json.loads(_unb64(payload)))
         except (binascii.Error, ValueError, TypeError):
             raise InvalidApprovalToken("the approval token's claims are malformed") from None
+        if claims.response is not None and (
+            not isinstance(claims.response, str) or claims.approved is not False
+        ):
+            raise InvalidApprovalToken(
+                "the approval token's claims are malformed: a response goes with a denial only"
+            )
+        return claims
 
     def check(
         self,
@@ -169,11 +191,14 @@ class TokenApproval:
     ) -> tuple[ApprovalToken, Decision]:
         """The token's claims and its decision for the call of `tool` with `arguments` (as
         given) that run `run_id` made as `call_id`, once the token verifies and answers
-        that very call, with arguments its claims allow. Raises `InvalidApprovalToken`
-        otherwise, naming what does not match."""
+        that very call, with arguments its claims allow: a respond's decision carries the
+        signed `response` (the tool does not run; its answer is the call's result). Raises
+        `InvalidApprovalToken` otherwise, naming what does not match."""
         claims = ApprovalToken.verify(self.token, self.key)
         final = dict(arguments) if self.arguments is None else dict(self.arguments)
         claims.check(run_id=run_id, call_id=call_id, tool=tool, arguments=arguments, final=final)
+        if claims.response is not None:
+            return claims, _respond(claims)
         if not claims.approved:
             return claims, Decision(
                 approved=False, reason=claims.reason, decided_by=claims.decided_by
@@ -183,6 +208,23 @@ class TokenApproval:
             approved=True, edited_args=edited, reason=claims.reason, decided_by=claims.decided_by
         )
         return claims, decision
+
+
+def _respond(claims: ApprovalToken) -> Decision:
+    """The respond of `claims` (whose `response` is set); `InvalidApprovalToken` when its
+    answer could not be given (blank, or longer than `MAX_RESPONSE`), as the bot never signs
+    such an answer."""
+    try:
+        return Decision(
+            approved=False,
+            response=claims.response,
+            reason=claims.reason,
+            decided_by=claims.decided_by,
+        )
+    except ValidationError:
+        raise InvalidApprovalToken(
+            "the approval token's claims are malformed: its response cannot be given"
+        ) from None
 
 
 def _mac(key: bytes, payload: str) -> bytes:

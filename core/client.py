@@ -26,9 +26,12 @@ a decision handed out already is `DecisionAlreadyTaken`, an answer not as signed
 
 `guard` does the three steps for you: each call of the guarded function asks the bot, waits
 for the decision, takes it once and runs the function with the arguments the reviewer saw or
-edited; a denial raises `CallDenied` with the reviewer's reason, a wait past `within`
-raises `DecisionTimeout`, and a decision whose token is not for the call as the guard asked
-it (or an answer not as signed) raises `UntrustedDecision` (nothing ran in any case).
+edited; a respond (the reviewer answering in the function's place) is returned as the
+call's result, and the function does not run; a denial raises `CallDenied` with the
+reviewer's reason, a wait past `within` raises `DecisionTimeout`, and a decision whose
+token is not for the call as the guard asked it (or an answer not as signed) raises
+`UntrustedDecision`: in none of these cases did the function run. The guarded function's
+result type is the function's own or `str` (a respond).
 
 ```python
 @nodbot.guard(run_id="thread-42", within=600)   # ApprovalClient: an async function
@@ -40,7 +43,8 @@ def refund(order_id: str, amount: float) -> str:
     ...
 
 try:
-    done = await refund("o-7", amount=500)  # runs once approved, maybe with an edited amount
+    done = await refund("o-7", amount=500)  # runs once approved, maybe with an edited amount;
+                                            # or the reviewer's text, given in its place
 except CallDenied as denied:
     print(denied.reason, denied.decided_by, denied.approval_id)
 ```
@@ -78,19 +82,40 @@ name), or a dict of one of the forms, LangChain's `{"type": "approve" | "edit" |
 "respond"}` among them. A respond (`{"type": "respond", "message": ...}`,
 `ToolDecision(action="respond", message=...)`) answers in the tool's place: the agent gets
 the message as the call's result, and the tool does not run; the call's rule must allow it.
-`Approval.response` is that answer once given (its status is `denied`: nothing ran);
-`guard` raises `CallDenied` for it, since the one-use token a decision is taken with does
-not carry the answer. An answer of no known form raises `InvalidDecisionError` before
+`Approval.response` is that answer once given (its status is `denied`: nothing ran). The
+one-use token a decision is taken with signs the answer (`Consumed.response`), and `guard`
+returns it as the guarded call's result without running the function. An answer of no
+known form raises `InvalidDecisionError` before
 anything is sent; what only the bot can check (that an `edited_action` names the call's
 tool, that the edit fits the tool, that this token may decide) comes back as an
 `ApprovalClientError` with the bot's status and message.
 
+## Asking a question
+
+`ask` puts a question to a person for a run (`POST /questions`, seed 001's `interrupt()`
+for programs that run their own loop) and returns the answer:
+
+```python
+warehouse = await nodbot.ask("Which warehouse ships A-1001?", run_id="thread-42",
+                             choices=["Leeds", "Porto"], wait=600)
+```
+
+The bot's rules put it to the people of the first review rule that covers the tool `ask`
+(else `defaults:`). The answer is one of `choices` (spelled as they are) or, without
+choices, free text. `ask` waits up to `wait` seconds (`ASK_WAIT`, 60, by default), then
+raises `QuestionPending` naming the question's approval; asking the same question again
+(the same `id`, or the same text and choices, in the same run) is the same question, and
+waits on. A question declined (its `reason`), timed out or with nobody to ask raises
+`QuestionUnanswered`. A reviewer answers with `decide(approval_id, {"action": "respond",
+"message": "Porto"})` (an answer that is none of the choices is refused) and declines with
+a deny. `Approval.kind` is `question` for a question, with its `question` and `answer`.
+
 ## Retries
 
-`request` and `start_run` (which starts a run of one of the bot's agents, `POST /runs`) send
-an `Idempotency-Key`, a new random one per call, and send the request again with the same
-key when the bot could not be reached or its answer was lost (a connection error, a
-timeout) or it answered 502, 503 or 504: `tries` times in all (`TRIES`, 3), pausing
+`request`, `ask` and `start_run` (which starts a run of one of the bot's agents, `POST
+/runs`) send an `Idempotency-Key`, a new random one per call, and send the request again
+with the same key when the bot could not be reached or its answer was lost (a connection
+error, a timeout) or it answered 502, 503 or 504: `tries` times in all (`TRIES`, 3), pausing
 `RETRY_PAUSE` seconds (0.5) before the second and twice as long before each next one. The
 bot makes one approval or one run per key, so a request whose first answer was lost after
 the bot had written what it asked for gets what the first made, not a second one. `tries=1`
@@ -106,7 +131,7 @@ import math
 import secrets
 import threading
 import time
-from collections.abc import Awaitable, Callable, Coroutine, Iterator, Mapping
+from collections.abc import Awaitable, Callable, Coroutine, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, ParamSpec, TypeAlias, TypeVar, get_type_hints
@@ -121,10 +146,14 @@ from nodbot.core.errors import (
     InvalidArgumentsError,
     InvalidDecisionError,
     NodbotError,
+    QuestionPending,
+    QuestionUnanswered,
 )
+from nodbot.core.questions import QUESTION_TOOL, Question, make_question
 from nodbot.core.tools import arguments_digest
 
 __all__ = [
+    "ASK_WAIT",
     "IDEMPOTENCY_HEADER",
     "RETRIED_STATUSES",
     "RETRY_PAUSE",
@@ -137,6 +166,8 @@ __all__ = [
     "Consumed",
     "DecisionAlreadyTaken",
     "DecisionTimeout",
+    "QuestionPending",
+    "QuestionUnanswered",
     "Run",
     "SyncApprovalClient",
     "UntrustedDecision",
@@ -146,6 +177,8 @@ MAX_WAIT = 60.0
 """The longest wait one request asks of the bot; longer waits ask again."""
 IDEMPOTENCY_HEADER = "Idempotency-Key"
 """The header with which the bot makes one run or one approval of a request sent again."""
+ASK_WAIT = 60.0
+"""Seconds `ask` waits for the answer by default; asking again waits on (see the module)."""
 TRIES = 3
 """How many times `request` and `start_run` send their request at most (see the module)."""
 RETRY_PAUSE = 0.5
@@ -215,7 +248,15 @@ class Approval:
     reason: str | None
     consumed: bool
     response: str | None = None
-    """A respond's answer, given in the tool's place (the status is then `denied`)."""
+    """A respond's answer, given in the tool's place (the status is then `denied`); for a
+    question, its answer."""
+    kind: str = "review"
+    """`review` (a call's) or `question` (a question put to a person)."""
+    question: Question | None = None
+    """The question a question asks (its text, choices, id, the tool that asked)."""
+    answer: str | None = None
+    """A question's answer once given; None while it waits, and when it was declined or
+    timed out (the status is then `denied`: `reason` says why)."""
 
     @property
     def decided(self) -> bool:
@@ -235,7 +276,23 @@ class Approval:
             reason=decision.get("reason"),
             consumed=bool(body.get("consumed")),
             response=decision.get("response"),
+            kind=str(body.get("kind") or "review"),
+            question=_question_of(body.get("question")),
+            answer=body.get("answer"),
         )
+
+
+def _question_of(shown: object) -> Question | None:
+    """The question of a view's `question` object; None for a call's review."""
+    if not isinstance(shown, dict):
+        return None
+    choices = shown.get("choices")
+    return Question(
+        text=str(shown.get("text", "")),
+        choices=None if choices is None else tuple(str(choice) for choice in choices),
+        key=str(shown.get("key", "")),
+        asked_by=shown.get("asked_by"),
+    )
 
 
 @dataclass(frozen=True)
@@ -286,6 +343,9 @@ class Consumed:
     """The one-use approval token's text."""
     claims: ApprovalToken
     """What the token says, verified."""
+    response: str | None = None
+    """A respond: the reviewer's answer, the call's result in the tool's place (`approved`
+    is false: the tool does not run), as the token's signed claims carry it."""
 
     def answers(
         self, *, run_id: str, call_id: str | None, tool: str, arguments: Mapping[str, Any]
@@ -361,6 +421,48 @@ def _decide_body(answer: object, remember: bool) -> dict[str, Any]:
     if remember:
         body["remember"] = True
     return body
+
+
+def _question_body(
+    question: str,
+    run_id: str,
+    choices: Sequence[str] | None,
+    key: str | None,
+    requested_by: str | None,
+) -> tuple[dict[str, Any], Question]:
+    """The body of `POST /questions`, and the question as asked. Raises
+    `InvalidQuestionError` (nothing is sent) for a question `ctx.ask` would refuse."""
+    asked = make_question(question, choices=choices, key=key)
+    body: dict[str, Any] = {"run_id": run_id, "question": asked.text}
+    if asked.choices is not None:
+        body["choices"] = list(asked.choices)
+    if key is not None:
+        body["id"] = key
+    if requested_by is not None:
+        body["requested_by"] = requested_by
+    return body, asked
+
+
+def _answer_to(found: Approval, asked: Question) -> str:
+    """The answer of the question `asked`, as the bot shows it in `found`. Raises
+    `QuestionPending` while it waits, and `QuestionUnanswered` when it was declined, timed
+    out, could be put to nobody, or the bot's answer is none of the choices asked (or is not
+    a question's at all: nothing is taken for an answer that is not one)."""
+    key = found.question.key if found.question is not None else asked.key
+    if not found.decided:
+        raise QuestionPending(
+            tool=QUESTION_TOOL, approval_id=found.approval_id, key=key, question=asked.text
+        )
+    answer = found.answer if found.kind == "question" else None
+    reason = found.reason
+    if answer is not None and asked.choices is not None and answer not in asked.choices:
+        reason = f"the bot's answer {answer[:100]!r} is none of the choices"
+        answer = None
+    if answer is None:
+        raise QuestionUnanswered(
+            key=key, reason=reason, approval_id=found.approval_id, decided_by=found.decided_by
+        )
+    return answer
 
 
 def _run_body(agent: str, text: str, requested_by: str | None) -> dict[str, Any]:
@@ -446,6 +548,7 @@ def _consumed(response: httpx.Response, key: bytes, asked: Approval) -> Consumed
         decided_by=claims.decided_by,
         token=str(body["token"]),
         claims=claims,
+        response=claims.response,
     )
 
 
@@ -461,6 +564,7 @@ def _same_as_signed(body: dict[str, Any], claims: ApprovalToken) -> None:
         "edited": claims.edited_digest is not None,
         "reason": claims.reason,
         "decided_by": claims.decided_by,
+        "response": claims.response,
     }
     for name, value in signed.items():
         said = body.get(name, value)  # a field left out says nothing; the claims decide
@@ -522,6 +626,13 @@ class _Call:
     def free(self) -> None:
         if self.number is not None:
             _NUMBERS.free(*self.number)
+
+
+@dataclass(frozen=True)
+class _Responded:
+    """A guarded call a reviewer answered in the function's place: `text` is its result."""
+
+    text: str
 
 
 class _Guard:
@@ -601,8 +712,9 @@ class _Guard:
             for name, field in type(instance).model_fields.items()
         }
 
-    def outcome(self, call: _Call, answer: Consumed) -> dict[str, Any]:
-        """The arguments to run `call` with, as `answer` decided. Raises `UntrustedDecision`
+    def outcome(self, call: _Call, answer: Consumed) -> dict[str, Any] | _Responded:
+        """The arguments to run `call` with, as `answer` decided, or the reviewer's answer
+        in the function's place (a respond: it does not run). Raises `UntrustedDecision`
         when the answer's token is not for `call` as asked, `CallDenied`, or
         `InvalidArgumentsError` when the final arguments do not fit the signature."""
         asked = call.request
@@ -612,6 +724,8 @@ class _Guard:
             tool=asked["tool"],
             arguments=asked["arguments"],
         )
+        if not answer.approved and answer.response is not None:
+            return _Responded(answer.response)
         if not answer.approved:
             raise CallDenied(
                 tool=self.tool,
@@ -759,6 +873,33 @@ class ApprovalClient:
         path = f"/approvals/{approval_id}/decide"
         return Approval.of(_answer(await self._send("POST", path, json=body)))
 
+    async def ask(
+        self,
+        question: str,
+        *,
+        run_id: str,
+        choices: Sequence[str] | None = None,
+        id: str | None = None,
+        requested_by: str | None = None,
+        wait: float = ASK_WAIT,
+        tries: int = TRIES,
+    ) -> str:
+        """Ask a person `question` for the run `run_id` (`POST /questions`, with the scope
+        approvals:request) and return the answer: one of `choices` when given, else free
+        text. Waits up to `wait` seconds; asking the same question again (the same `id`, or
+        the same text and choices) waits on the same question, answered or not. Raises
+        `QuestionPending` (its `approval_id` names the question) when nobody answered
+        within `wait`, `QuestionUnanswered` when it was declined (`reason`), timed out or
+        could be put to nobody, `InvalidQuestionError` (nothing sent) for a question that
+        cannot be asked, and `ApprovalClientError`. Sent up to `tries` times with one
+        idempotency key."""
+        body, asked = _question_body(question, run_id, choices, id, requested_by)
+        found = Approval.of(_answer(await self._send_keyed("/questions", body, tries)))
+        deadline = time.monotonic() + wait
+        while not found.decided and (left := deadline - time.monotonic()) > 0:
+            found = await self.get(found.approval_id, wait=left)
+        return _answer_to(found, asked)
+
     async def consume(self, approval: Approval) -> Consumed:
         """Take the decision of `approval` (as `request` or `wait` gave it), once, as its
         token's signed claims carry it, checked against that call (`Consumed.answers` checks
@@ -777,13 +918,16 @@ class ApprovalClient:
         schema: dict[str, Any] | None = None,
         requested_by: str | None = None,
         description: str | None = None,
-    ) -> Callable[[Callable[P, Awaitable[R]]], Callable[P, Coroutine[Any, Any, R]]]:
+    ) -> Callable[[Callable[P, Awaitable[R]]], Callable[P, Coroutine[Any, Any, R | str]]]:
         """A decorator of an async function: each call asks the bot, waits up to `within`
-        seconds, and runs once approved, with the final arguments (see the module). A call
-        raises `CallDenied`, `DecisionTimeout`, `ApprovalClientError`, or `TypeError` and
-        `InvalidArgumentsError` for arguments it cannot ask about."""
+        seconds, and runs once approved, with the final arguments, or returns the reviewer's
+        text when they answered in its place (a respond: it does not run; see the module). A
+        call raises `CallDenied`, `DecisionTimeout`, `ApprovalClientError`, or `TypeError`
+        and `InvalidArgumentsError` for arguments it cannot ask about."""
 
-        def decorate(function: Callable[P, Awaitable[R]]) -> Callable[P, Coroutine[Any, Any, R]]:
+        def decorate(
+            function: Callable[P, Awaitable[R]],
+        ) -> Callable[P, Coroutine[Any, Any, R | str]]:
             if not inspect.iscoroutinefunction(function):
                 raise TypeError(
                     f"ApprovalClient.guard wraps an async function, and {function!r} is not"
@@ -802,7 +946,7 @@ class ApprovalClient:
             run: Callable[..., Awaitable[R]] = function
 
             @functools.wraps(function)
-            async def guarded(*args: P.args, **kwargs: P.kwargs) -> R:
+            async def guarded(*args: P.args, **kwargs: P.kwargs) -> R | str:
                 call = rules.ask(args, kwargs)
                 try:
                     asked = await self.request(**call.request)
@@ -814,7 +958,10 @@ class ApprovalClient:
                 except BaseException:
                     call.free()  # the decision was not taken: a retry asks about this review
                     raise
-                return await run(**rules.outcome(call, answer))
+                final = rules.outcome(call, answer)
+                if isinstance(final, _Responded):
+                    return final.text
+                return await run(**final)
 
             return guarded
 
@@ -913,6 +1060,25 @@ class SyncApprovalClient:
         path = f"/approvals/{approval_id}/decide"
         return Approval.of(_answer(self._send("POST", path, json=body)))
 
+    def ask(
+        self,
+        question: str,
+        *,
+        run_id: str,
+        choices: Sequence[str] | None = None,
+        id: str | None = None,
+        requested_by: str | None = None,
+        wait: float = ASK_WAIT,
+        tries: int = TRIES,
+    ) -> str:
+        """`ApprovalClient.ask`, blocking."""
+        body, asked = _question_body(question, run_id, choices, id, requested_by)
+        found = Approval.of(_answer(self._send_keyed("/questions", body, tries)))
+        deadline = time.monotonic() + wait
+        while not found.decided and (left := deadline - time.monotonic()) > 0:
+            found = self.get(found.approval_id, wait=left)
+        return _answer_to(found, asked)
+
     def consume(self, approval: Approval) -> Consumed:
         """`ApprovalClient.consume`, blocking."""
         path = f"/approvals/{approval.approval_id}/consume"
@@ -928,10 +1094,10 @@ class SyncApprovalClient:
         schema: dict[str, Any] | None = None,
         requested_by: str | None = None,
         description: str | None = None,
-    ) -> Callable[[Callable[P, R]], Callable[P, R]]:
+    ) -> Callable[[Callable[P, R]], Callable[P, R | str]]:
         """`ApprovalClient.guard` for a sync function: each call blocks until decided."""
 
-        def decorate(function: Callable[P, R]) -> Callable[P, R]:
+        def decorate(function: Callable[P, R]) -> Callable[P, R | str]:
             if inspect.iscoroutinefunction(function):
                 raise TypeError(
                     f"SyncApprovalClient.guard wraps a sync function, and {function!r} is"
@@ -950,7 +1116,7 @@ class SyncApprovalClient:
             run: Callable[..., R] = function
 
             @functools.wraps(function)
-            def guarded(*args: P.args, **kwargs: P.kwargs) -> R:
+            def guarded(*args: P.args, **kwargs: P.kwargs) -> R | str:
                 call = rules.ask(args, kwargs)
                 try:
                     asked = self.request(**call.request)
@@ -962,7 +1128,10 @@ class SyncApprovalClient:
                 except BaseException:
                     call.free()  # the decision was not taken: a retry asks about this review
                     raise
-                return run(**rules.outcome(call, answer))
+                final = rules.outcome(call, answer)
+                if isinstance(final, _Responded):
+                    return final.text
+                return run(**final)
 
             return guarded
 

@@ -10,7 +10,11 @@ for scripts.
 
 A decision made here is a vote like one made over the API (channel `cli`), allowed by the
 same rules; a running bot picks it up (at once on PostgreSQL, within `workers.poll` on
-SQLite).
+SQLite). `decide ID --respond TEXT` answers in the tool's place (where the rule lists
+`respond`); `answer ID TEXT` and `decline ID` answer or decline a question
+(`bot.cli.questions`, which also says how `list` and `show` give one). An answer to a
+question that is none of its choices, and an approve or an edit of a question, are a bad
+input (exit 2), and nothing is recorded.
 
 `bulk approve|deny ID...` decides up to `MAX_ITEMS` reviews in one command
 (`bot.bulk.Decider`), each one authorized and recorded on its own, in the order given: one
@@ -30,6 +34,13 @@ from datetime import UTC
 from typing import Any
 
 from nodbot.bot.bulk import MAX_ITEMS, Decider, bulk_problem
+from nodbot.bot.cli.questions import (
+    NotAQuestionError,
+    add_question_commands,
+    describe_question,
+    question_row,
+    shown,
+)
 from nodbot.bot.config import Config, load_agents, load_config
 from nodbot.bot.forms import MAX_REASON
 from nodbot.bot.http.schemas import (
@@ -50,11 +61,13 @@ from nodbot.core import (
     DeferredApproval,
     Delivery,
     Executor,
+    InvalidDecisionError,
     NodbotError,
     SqlApprovalStore,
     ToolDecision,
     ToolRegistry,
 )
+from nodbot.core.questions import answer_problem, is_question
 from nodbot.core.remembered import RememberedApproval
 from nodbot.core.store import TIMEOUT_DECIDER
 
@@ -90,12 +103,32 @@ def add_approvals_commands(commands: Any) -> None:
     )
     show = actions.add_parser("show", help="one approval, its arguments and its events")
     show.add_argument("approval_id")
-    decide = actions.add_parser("decide", help="approve, edit or deny an approval")
+    decide = actions.add_parser(
+        "decide",
+        help="approve, edit, deny or respond to an approval",
+        description="Decide an approval as WHO: approve, edit (with --arguments) or deny "
+        "it, or answer in the tool's place with --respond TEXT (where its rule allows "
+        "respond; for a question, its answer). Allowed by the rules as on every channel; "
+        "recorded with channel cli.",
+    )
     decide.add_argument("approval_id")
-    decide.add_argument("action", choices=["approve", "edit", "deny"])
-    decide.add_argument("--as", dest="principal", required=True, help="who decides")
+    decide.add_argument(
+        "decision",
+        nargs="?",
+        choices=["approve", "edit", "deny"],
+        metavar="{approve,edit,deny}",
+        help="the decision; left out with --respond",
+    )
+    decide.add_argument("--as", dest="principal", required=True, metavar="WHO", help="who decides")
     decide.add_argument("--arguments", help="for edit: a JSON object, e.g. '{\"amount\": 100}'")
     decide.add_argument("--reason", help="why (the model is told, for a deny)")
+    decide.add_argument(
+        "--respond",
+        metavar="TEXT",
+        help="answer in the tool's place: the tool does not run and the model gets TEXT as "
+        "its result (the rule must list respond in allowed_decisions)",
+    )
+    add_question_commands(actions)
     _add_bulk_command(actions)
     remembered = actions.add_parser(
         "remembered", help="the approvals reviewers asked to remember, still in force"
@@ -240,15 +273,50 @@ async def run_approvals_command(arguments: argparse.Namespace) -> str:
         return await _decide(config, store, arguments)
 
 
-async def _decide(config: Config, store: SqlApprovalStore, arguments: argparse.Namespace) -> str:
+def _answer_of(arguments: argparse.Namespace) -> ToolDecision:
+    """What `decide`, `answer` or `decline` says, as a `ToolDecision`."""
+    if arguments.action == "answer":
+        return ToolDecision(action="respond", message=arguments.text)
+    if arguments.action == "decline":
+        return ToolDecision(action="deny", message=arguments.reason)
+    if arguments.respond is not None:
+        return ToolDecision(action="respond", message=arguments.respond)
     edited = json.loads(arguments.arguments) if arguments.arguments else None
-    answer = ToolDecision(
-        action=arguments.action,
-        arguments=edited if arguments.action == "edit" else None,
+    return ToolDecision(
+        action=arguments.decision,
+        arguments=edited if arguments.decision == "edit" else None,
         message=arguments.reason,
     )
-    decision = answer.to_decision(arguments.principal)
+
+
+def _check_question(record: ApprovalRecord, decision: Decision, command: str) -> None:
+    """Refuse, before anything is recorded, `answer` or `decline` of a call's review
+    (`NotAQuestionError`), and an approve, an edit or an answer that is none of its
+    choices of a question (`InvalidDecisionError`): bad inputs."""
+    if not is_question(record.request):
+        if command in ("answer", "decline"):
+            raise NotAQuestionError(
+                f"approval {record.approval_id} is a review of a call of "
+                f"{record.request.tool}, not a question: decide it with `nodbot approvals "
+                "decide`"
+            )
+        return
+    if decision.approved:
+        why = "a question is answered (approvals answer) or declined, not approved or edited"
+        raise InvalidDecisionError(why, errors=[{"field": "action", "message": why}])
+    if decision.response is not None:
+        problem = answer_problem(record.request, decision.response)
+        if problem is not None:
+            raise InvalidDecisionError(
+                f"not an answer to this question: {problem}",
+                errors=[{"field": "response", "message": problem}],
+            )
+
+
+async def _decide(config: Config, store: SqlApprovalStore, arguments: argparse.Namespace) -> str:
+    decision = _answer_of(arguments).to_decision(arguments.principal)
     record = await store.get(arguments.approval_id)
+    _check_question(record, decision, arguments.action)
     registry, authorizer = _deciding(config, store)
     verdict = await authorizer.check(arguments.principal, record, decision)
     evidence = {"os_user": _os_user()}
@@ -320,17 +388,16 @@ def _os_user() -> str:
 def _table(records: Sequence[ApprovalRecord]) -> str:
     rows = [("APPROVAL", "STATUS", "TOOL", "RUN", "DECIDED BY", "ARGUMENTS")]
     for record in records:
-        arguments = json.dumps(record.request.arguments, ensure_ascii=False)[:60]
-        edit = _edit(record)
         decided_by = record.decision.decided_by if record.decision is not None else None
+        status, cell = question_row(record) or _call_cells(record)
         rows.append(
             (
                 record.approval_id,
-                record.status,
+                status,
                 record.request.tool,
                 record.request.run_id,
                 decided_by or "-",
-                f"{arguments}  edited: {edit}" if edit else arguments,
+                cell,
             )
         )
     widths = [max(len(row[column]) for row in rows) for column in range(5)]
@@ -342,14 +409,27 @@ def _table(records: Sequence[ApprovalRecord]) -> str:
     )
 
 
+def _call_cells(record: ApprovalRecord) -> tuple[str, str]:
+    """A call's review's STATUS and ARGUMENTS cells: a respond is `responded`, with the
+    answer given in the tool's place."""
+    arguments = shown(json.dumps(record.request.arguments, ensure_ascii=False)[:60])
+    decision = record.decision
+    if decision is not None and decision.response is not None:
+        return "responded", f"{arguments}  response: {shown(decision.response, 60)}"
+    edit = _edit(record)
+    return record.status, f"{arguments}  edited: {edit}" if edit else arguments
+
+
 def _edit(record: ApprovalRecord) -> str:
     """The reviewer's changes, each beside the value it replaced: `amount 120.0 → 100`."""
     edited = record.decision.edited_args if record.decision is not None else None
     original = record.request.arguments
-    return ", ".join(
-        f"{name} {json.dumps(original.get(name), ensure_ascii=False)} → "
-        f"{json.dumps(value, ensure_ascii=False)}"
-        for name, value in (edited or {}).items()
+    return shown(
+        ", ".join(
+            f"{name} {json.dumps(original.get(name), ensure_ascii=False)} → "
+            f"{json.dumps(value, ensure_ascii=False)}"
+            for name, value in (edited or {}).items()
+        )
     )
 
 
@@ -386,20 +466,28 @@ def _votes(record: ApprovalRecord, events: Sequence[ApprovalEvent]) -> str:
 
 
 def _describe(record: ApprovalRecord, events: Sequence[ApprovalEvent]) -> str:
+    question = describe_question(record)
+    if question is not None:
+        return "\n".join(question)
     decision: Decision | None = record.decision
     decided = "pending"
-    if decision is not None:
+    if decision is not None and decision.response is not None:
+        decided = f"responded by {decision.decided_by}"
+    elif decision is not None:
         decided = f"{record.status} by {decision.decided_by}"
         if decision.reason:
-            decided += f": {decision.reason}"
+            decided += f": {shown(decision.reason)}"
     lines = [
         f"approval {record.approval_id} ({decided})",
         f"  run {record.request.run_id}, call {record.request.call_id}, "
         f"asked by {record.request.requested_by or 'nobody known'}",
-        f"  {record.request.tool} {json.dumps(record.request.arguments, ensure_ascii=False)}",
+        f"  {record.request.tool} "
+        + shown(json.dumps(record.request.arguments, ensure_ascii=False)),
     ]
     edit = _edit(record)
     if edit:
         lines.append(f"  edited: {edit}")
+    if decision is not None and decision.response is not None:
+        lines.append(f"  response, in the tool's place: {shown(decision.response)}")
     lines += [_deadline(record), _votes(record, events)]
     return "\n".join(lines)

@@ -27,6 +27,7 @@ from nodbot.bot.cli.audit import (
 )
 from nodbot.bot.cli.delegate import add_delegate_command, run_delegate_command
 from nodbot.bot.cli.init import InitError, add_init_command, run_init_command
+from nodbot.bot.cli.questions import NotAQuestionError, answer_mistake
 from nodbot.bot.cli.rules import add_rules_commands, run_rules_command
 from nodbot.bot.cli.runs import add_runs_commands, run_runs_command
 from nodbot.bot.cli.sessions import add_sessions_commands, run_sessions_command
@@ -39,10 +40,12 @@ from nodbot.bot.web import SignInLinkError, sign_in_link
 from nodbot.core import (
     ConfigurationError,
     InvalidArgumentsError,
+    InvalidDecisionError,
     NodbotError,
     SqlApprovalStore,
     __version__,
 )
+from nodbot.core.decisions import response_problem
 from nodbot.core.sqlstore import head_revision
 
 DEFAULT_STORE = "sqlite:///nodbot.db"
@@ -67,12 +70,16 @@ BAD_INPUT: tuple[type[Exception], ...] = (
     CannotListen,
     ConfigurationError,
     InvalidArgumentsError,
+    InvalidDecisionError,
+    NotAQuestionError,
     AuditCommandError,
     InitError,
     SignInLinkError,
 )
 """The errors of a bad input (exit status 2): a `ConfigError` of the file, an edit whose
-arguments the tool refuses (`approvals decide ... edit --arguments`), an unset key variable."""
+arguments the tool refuses (`approvals decide ... edit --arguments`), a decision the
+approval does not take (an answer that is none of a question's choices, an approve of a
+question), `approvals answer` of a call's review, an unset key variable."""
 
 
 class _Parser(argparse.ArgumentParser):
@@ -358,9 +365,21 @@ def _serve(config_file: str, host: str | None, port: int | None) -> None:
 
 
 def _decision_mistake(arguments: argparse.Namespace) -> str | None:
-    """`approvals decide`: what is wrong with `--arguments` (a JSON object, given for an
-    edit and only then), or None."""
-    text, action = arguments.arguments, arguments.action
+    """`approvals decide`: what is wrong with its decision (one of approve, edit, deny or
+    `--respond`), `--respond` (a text, alone) and `--arguments` (a JSON object, given for
+    an edit and only then), or None."""
+    text, action, respond = arguments.arguments, arguments.decision, arguments.respond
+    if respond is not None:
+        if action is not None:
+            return f"--respond answers in the tool's place: give it without {action}"
+        if arguments.reason is not None:
+            return "--respond is the one text the model gets: leave --reason out"
+        if text is not None:
+            return "--arguments is for edit only, not --respond"
+        problem = response_problem(respond)
+        return None if problem is None else f"argument --respond: {problem}"
+    if action is None:
+        return "say the decision: approve, edit or deny, or --respond TEXT"
     if action == "edit" and text is None:
         return "an edit needs --arguments, the values to change, e.g. '{\"amount\": 100}'"
     if text is None:
@@ -379,13 +398,14 @@ def _decision_mistake(arguments: argparse.Namespace) -> str | None:
 
 
 def _approvals_mistake(arguments: argparse.Namespace) -> tuple[str, str | None]:
-    """`approvals bulk` and `approvals decide`: the command, and what is wrong with its input
-    beyond what argparse checks (None: nothing)."""
+    """`approvals bulk`, `decide`, `answer` and `decline`: the command, and what is wrong
+    with its input beyond what argparse checks (None: nothing)."""
     if arguments.action == "bulk":
         return "bulk", bulk_mistake(arguments)
-    if getattr(arguments, "principal", None) is not None:
-        # `decide`, whose positional `action` (approve, edit, deny) took the group's `action`.
+    if arguments.action == "decide":
         return "decide", _decision_mistake(arguments)
+    if arguments.action in ("answer", "decline"):
+        return arguments.action, answer_mistake(arguments)
     return arguments.action, None
 
 

@@ -1,19 +1,26 @@
 """The approvals API: a Starlette application over an `ApprovalStore`.
 
-| route                          | scope            | answers                               |
-|--------------------------------|------------------|---------------------------------------|
-| `GET /healthz`                 | none             | `{"status": "ok"}`, or 503 and why    |
-| `GET /readyz`                  | none             | the same, once the workers have run   |
-| `GET /approvals`               | approvals:read   | the approvals, filtered               |
-| `GET /approvals/{id}`          | approvals:read   | one approval with its events          |
-| `POST /approvals/{id}/decide`  | approvals:decide | the approval, decided                 |
-| `POST /approvals/decide`       | approvals:decide | each listed approval's outcome        |
-| `POST /email/inbound`          | email:ingest     | 202 and what the reply did            |
+| route                          | scope             | answers                               |
+|--------------------------------|-------------------|---------------------------------------|
+| `GET /healthz`                 | none              | `{"status": "ok"}`, or 503 and why    |
+| `GET /readyz`                  | none              | the same, once the workers have run   |
+| `GET /approvals`               | approvals:read    | the approvals, filtered               |
+| `GET /approvals/{id}`          | approvals:read    | one approval with its events          |
+| `POST /approvals/{id}/decide`  | approvals:decide  | the approval, decided                 |
+| `POST /approvals/decide`       | approvals:decide  | each listed approval's outcome        |
+| `POST /questions`              | approvals:request | the question (`bot.http.questions`)   |
+| `POST /email/inbound`          | email:ingest      | 202 and what the reply did            |
 
 A decision is recorded with `decided_by` set to the token's name and channel `api`, through
 `Executor.decide`, so an edit is validated with the tool's model before anything is recorded.
 A token with the scope `runs:write-as` may have started any run for someone else, and the run
 keeps only its requester: such a token may deny calls, never approve or edit them.
+
+A question (`core.questions`: `kind` `question` in the views) is answered with a respond,
+`{"action": "respond", "message": <the answer>}`, one of its choices when it has choices
+(named as `choice_for` reads them, recorded as the question spells them), or declined with a
+deny. An answer that is none of the choices, blank or too long, and an approve or an edit of
+a question, are a 422 naming the field (`response`, `action`), and nothing is recorded.
 
 `POST /approvals/decide` approves or denies up to `bot.bulk.MAX_ITEMS` approvals in one
 request (`bot.bulk.Decider`): each is authorized, recorded (its own events, its own
@@ -50,6 +57,7 @@ from nodbot.bot.http.email import email_routes
 from nodbot.bot.http.limits import BodyLimit, SlackSignature
 from nodbot.bot.http.metrics import metrics_endpoint
 from nodbot.bot.http.openapi import openapi_document
+from nodbot.bot.http.questions import question_routes
 from nodbot.bot.http.requests import WaitQuery, request_routes, wait_for_decision
 from nodbot.bot.http.runs import run_routes
 from nodbot.bot.http.schemas import (
@@ -85,6 +93,7 @@ from nodbot.core import (
     ToolRegistry,
     UnknownToolError,
 )
+from nodbot.core.questions import answer_problem, is_question
 
 if TYPE_CHECKING:
     from nodbot.bot.email.inbound import Inbound
@@ -103,6 +112,12 @@ to refuse (None to allow). The bot's is `bot.authorize.Authorizer`."""
 
 CHANNEL = "api"
 
+NOT_AN_ANSWER = (
+    "a question is answered (action respond, the answer as message) or declined (action "
+    "deny); it is not approved or edited"
+)
+"""Why an approve or an edit of a question is refused (422, nothing recorded)."""
+
 STARTS_FOR_OTHERS_REASON = (
     "a token with the scope runs:write-as may deny calls but not approve, edit or answer them: "
     "it may have started this run for someone else"
@@ -116,9 +131,16 @@ async def refuse_self_approval(
 ) -> Verdict:
     """The default `authorize_decision`: whoever started the run may deny its calls, not
     approve or edit them (handles compared as written, addresses case-insensitively); and a
-    respond needs a rule that allows it (`rule_refusal`: the review's policy lists it)."""
+    respond needs a rule that allows it (`rule_refusal`: the review's policy lists it). A
+    question is answered (a respond) or declined, never approved: its rule's policy, when
+    it has one, says who and how, as for a call."""
     people = People()  # no entries, no Slack: handles as written
     person = await people.person(principal)
+    if is_question(record.request):
+        if decision.approved:
+            return Verdict(person.key, NOT_AN_ANSWER)
+        ruled = "allowed_decisions" in record.request.policy
+        return Verdict(person.key, rule_refusal(record, decision) if ruled else None)
     requester = record.request.requested_by
     if decision.approved and requester is not None and await people.same(requester, principal):
         return Verdict(person.key, SELF_APPROVAL_REASON)
@@ -161,6 +183,7 @@ def create_app(
     if service is not None:
         routes += run_routes(service, table)
         routes += request_routes(service, table)
+        routes += question_routes(service, table)
     if email is not None:
         routes += email_routes(email, table)
     document = openapi_document(with_runs=service is not None, with_email=email is not None)
@@ -289,6 +312,8 @@ class _ApprovalsApi:
             decision = body.to_decision(principal, tool=record.request.tool)
         except InvalidDecisionError as exc:
             raise ApiError(422, exc.message, details=exc.details()) from None
+        if is_question(record.request):
+            _check_answer(record, decision)  # before anything is recorded, a refusal too
         as_is = decision.approved and decision.edited_args is None
         if body.remember and (not as_is or scope_of(record.request) is None):
             why = NOT_REMEMBERED if as_is else "only an approve is remembered"
@@ -405,6 +430,21 @@ class _ApprovalsApi:
             raise ApiError(
                 404, "no approval has this id", details={"approval_id": approval_id}
             ) from None
+
+
+def _check_answer(record: ApprovalRecord, decision: Decision) -> None:
+    """Refuse (422, nothing recorded) what does not answer or decline the question of
+    `record`: an approve or an edit, or an answer `answer_problem` refuses (none of the
+    choices, blank, too long)."""
+    if decision.approved:
+        errors = [{"field": "action", "message": NOT_AN_ANSWER}]
+        raise ApiError(422, NOT_AN_ANSWER, details={"errors": errors})
+    if decision.response is not None:
+        problem = answer_problem(record.request, decision.response)
+        if problem is not None:
+            errors = [{"field": "response", "message": problem}]
+            message = f"not an answer to this question: {problem}"
+            raise ApiError(422, message, details={"errors": errors})
 
 
 def _starts_for_others(record: ApprovalRecord, decision: Decision, verdict: Verdict) -> Verdict:

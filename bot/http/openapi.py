@@ -9,6 +9,7 @@ from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
 
 from nodbot.bot.bulk import MAX_ITEMS
+from nodbot.bot.http.questions import QuestionBody
 from nodbot.bot.http.requests import ConsumedView, RequestBody
 from nodbot.bot.http.runs import RunBody, RunView
 from nodbot.bot.http.schemas import (
@@ -32,8 +33,9 @@ _ERRORS = {
     "403": "the token lacks the scope, or the rules refuse the decision",
     "404": "no such approval or run",
     "409": "already decided (the first decision wins), already voted, a call id asked about "
-    f"with other arguments, a decision not made yet or handed out already, an {IDEMPOTENCY_HEADER} "
-    "sent before with another body",
+    f"with other arguments (a question id with another question), a decision not made yet or "
+    f"handed out already (or of a question), an {IDEMPOTENCY_HEADER} sent before with another "
+    "body",
     "413": "the body is larger than the route's limit",
     "422": "invalid fields, each named, or a body that is not acceptable JSON",
 }
@@ -166,7 +168,8 @@ def _approval_paths() -> dict[str, Any]:
         },
         "/approvals/{approval_id}/decide": {
             "post": _operation(
-                "Approve, edit or deny (a vote when the review needs several approvals)",
+                "Approve, edit, deny or respond (a vote when the review needs several "
+                "approvals); answer a question (respond) or decline it (deny)",
                 "approvals:decide",
                 _answers("200", ApprovalView, "401", "403", "404", "409", "413", "422"),
                 parameters=[approval_id],
@@ -190,10 +193,23 @@ def _request_paths() -> dict[str, Any]:
         },
         "/approvals/{approval_id}/consume": {
             "post": _operation(
-                "Take the decision, once, with its one-use approval token",
+                "Take the decision, once, with its one-use approval token (not of a "
+                "question: its answer is read)",
                 "approvals:request",
                 _answers("200", ConsumedView, "401", "403", "404", "409"),
                 parameters=[_param("approval_id", "path", {"type": "string"})],
+            )
+        },
+        "/questions": {
+            "post": _operation(
+                "Ask a person a question for a run: put to the people of the rule that "
+                "covers `ask` (declined at once when none does); its answer is read with "
+                "GET /approvals/{id}?wait= (idempotent on run id and question id, and on "
+                "its Idempotency-Key)",
+                "approvals:request",
+                _answers("201", ApprovalView, "400", "401", "403", "409", "413", "422"),
+                parameters=[_idempotency("question")],
+                requestBody={"required": True, **_json(_ref(QuestionBody))},
             )
         },
     }
@@ -276,6 +292,7 @@ def openapi_document(*, with_runs: bool, with_email: bool = False) -> dict[str, 
         RunView,
         RequestBody,
         ConsumedView,
+        QuestionBody,
     ]
     _, schemas = models_json_schema(
         [(model, "serialization") for model in models], ref_template=_REF

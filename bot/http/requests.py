@@ -27,14 +27,17 @@ requester of the call, as `requested_by` does: its holder may not approve it unl
 allows self-approval.
 
 `POST /approvals/{id}/consume` spends the decision: the answer says whether the call may
-run, with which arguments (edited ones merged into the original), the reviewer's reason, and
+run, with which arguments (edited ones merged into the original), the reviewer's reason (or,
+for a respond, `response`: the answer to give the model in the tool's place), and
 `token`, a one-use approval token (`core.approval_tokens`) bound to the run, the call id, the
 tool and the arguments' digest, signed with a key derived from the bearer token that
 consumed it (so the client can check it, and nobody else can make one). Only the token that
 asked for the call consumes it (or another token of the same person under `people:`, such
 as the same agent's next key): any other gets a 403 and the decision stays for its asker. A
 second consume is a 409: an external tool, too, runs at most once per decision. A replayed
-call after that (the same run and call id) opens a new review.
+call after that (the same run and call id) opens a new review. A question (`POST
+/questions`) is no call: its answer is read with `GET /approvals/{id}`, and a consume of it
+is a 409.
 
 `POST /approvals` with an `Idempotency-Key` header (1 to 200 printable ASCII characters; 400
 naming it otherwise) is idempotent on the key as well, after the decision is consumed too:
@@ -83,6 +86,7 @@ from nodbot.core import (
     merge_edit,
 )
 from nodbot.core.approval_tokens import ApprovalToken, token_key
+from nodbot.core.questions import is_question
 from nodbot.core.store import IdempotencyKey, IdempotencyKeyUsed, KeptKey
 from nodbot.core.tools import arguments_digest, canonical_json
 
@@ -152,6 +156,10 @@ class ConsumedView(_Model):
     reason: str | None
     """The reviewer's reason (a denied call's model should be told it)."""
     decided_by: str | None
+    response: str | None = None
+    """A respond: the reviewer's answer, the call's result for the model in the tool's place
+    (`approved` is false: the tool does not run); signed in the token's claims too. Null
+    for the other decisions."""
     token: str
     """The one-use approval token of this decision (`core.approval_tokens`)."""
 
@@ -222,6 +230,13 @@ def request_routes(service: BotService, tokens: TokenTable) -> list[Route]:
         approval_id = request.path_params["approval_id"]
         try:
             asked = await store.get(approval_id)
+            if is_question(asked.request):
+                raise ApiError(
+                    409,
+                    "a question's answer is read (GET /approvals/{id}), not taken: no call "
+                    "waits on it",
+                    details={"approval_id": approval_id},
+                )
             await _check_asker(people, asked, token)
             record = await store.consume(approval_id, actor=token.name)
         except ApprovalNotFound:
@@ -327,6 +342,7 @@ def _consumed(record: ApprovalRecord, token: ApiToken) -> ConsumedView:
         decided_by=decision.decided_by,
         reason=decision.reason,
         edited_digest=arguments_digest(final) if edited else None,
+        response=decision.response,
     )
     return ConsumedView(
         approval_id=record.approval_id,
@@ -338,5 +354,6 @@ def _consumed(record: ApprovalRecord, token: ApiToken) -> ConsumedView:
         edited=edited,
         reason=decision.reason,
         decided_by=decision.decided_by,
+        response=decision.response,
         token=claims.sign(token_key(token.token.get_secret_value())),
     )

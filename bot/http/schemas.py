@@ -33,7 +33,8 @@ from nodbot.core import (
     StoreError,
     as_decision,
 )
-from nodbot.core.store import IdempotencyKey, IdempotencyKeyUsed, KeptKey
+from nodbot.core.questions import answer_of, question_of
+from nodbot.core.store import TIMEOUT_DECIDER, IdempotencyKey, IdempotencyKeyUsed, KeptKey
 from nodbot.core.tools import canonical_json
 
 if TYPE_CHECKING:
@@ -56,12 +57,15 @@ __all__ = [
     "EventView",
     "HealthView",
     "ListQuery",
+    "QuestionState",
+    "QuestionView",
     "approvals_of",
     "bulk_view",
     "field_errors",
     "idempotency_key",
     "kept_by",
     "other_body",
+    "question_state",
     "votes_of",
 ]
 
@@ -256,7 +260,8 @@ class DecisionView(_Model):
     """Who decided: the API token's name for decisions made here."""
     response: str | None = None
     """A respond: the reviewer's answer, given to the agent as the call's result in the
-    tool's place (the tool did not run; the status is `denied`). Null for the others."""
+    tool's place (the tool did not run; the status is `denied`); for a question, its answer.
+    Null for the others (a declined question's reason is `reason`)."""
 
 
 class EventView(_Model):
@@ -292,10 +297,63 @@ class EventView(_Model):
         )
 
 
+QuestionState = Literal["waiting", "answered", "declined", "timed_out"]
+"""Where a question stands: `waiting` for its answer; `answered` (the answer is the view's
+`answer`); `declined` by a person (or at once, by `nodbot:no-rule`, when no rule names
+anyone to ask); `timed_out`, nobody answered before its deadline."""
+
+
+class QuestionView(_Model):
+    """The question a review asks (`core.questions`): what, with which choices, and where it
+    stands."""
+
+    text: str
+    """The question, as asked."""
+    choices: list[str] | None
+    """The answers to choose from; null for a free-text answer."""
+    key: str
+    """The question's id within its call (or its run): the `id` it was asked with, or a
+    digest of its text and choices."""
+    asked_by: str | None
+    """The tool that asked it; null for a question of the run itself (`POST /questions`)."""
+    state: QuestionState
+    """`waiting`, `answered`, `declined` or `timed_out` (the store's status of an answered
+    or declined question is `denied`: this says which)."""
+
+    @classmethod
+    def of(cls, record: ApprovalRecord) -> QuestionView | None:
+        """The question of a stored review; None for a call's review."""
+        question = question_of(record.request)
+        if question is None:
+            return None
+        return cls(
+            text=question.text,
+            choices=None if question.choices is None else list(question.choices),
+            key=question.key,
+            asked_by=question.asked_by,
+            state=question_state(record),
+        )
+
+
+def question_state(record: ApprovalRecord) -> QuestionState:
+    """Where the question of `record` stands (see `QuestionState`)."""
+    decision = record.decision
+    if decision is None:
+        return "waiting"
+    if answer_of(record) is not None:
+        return "answered"
+    return "timed_out" if decision.decided_by == TIMEOUT_DECIDER else "declined"
+
+
 class ApprovalView(_Model):
-    """A stored approval as the API shows it (`ApprovalView.read` counts its votes)."""
+    """A stored approval as the API shows it (`ApprovalView.read` counts its votes): a call's
+    review (`kind` `review`), or a question put to a person (`kind` `question`, its tool
+    `ask`, its arguments the question)."""
 
     approval_id: str
+    kind: Literal["review", "question"]
+    """`review`: a call waits for approval; `question`: a person is asked a question (see
+    `question` and `answer`)."""
     run_id: str
     call_id: str
     tool: str
@@ -326,6 +384,13 @@ class ApprovalView(_Model):
     """How many reviewers have approved so far (a review that needs one approval: 1 once
     approved). None only in a view made without reading the votes of a review that needs
     several (a run's pending reviews, a webhook's body)."""
+    question: QuestionView | None
+    """For a question: its text, choices, id and where it stands; null for a call's
+    review."""
+    answer: str | None
+    """For a question: the answer once given (one of its choices, spelled as they are),
+    else null (waiting, declined, timed out). A question answered or declined has the
+    status `denied` (nothing ran); `answer`, or `question.state`, tells the two apart."""
 
     @classmethod
     def fields_of(
@@ -334,8 +399,10 @@ class ApprovalView(_Model):
         """The view's fields for a stored record; `events`, its audit log, count the votes
         of a review that needs several approvals."""
         request, decision = record.request, record.decision
+        question = QuestionView.of(record)
         return {
             "approval_id": record.approval_id,
+            "kind": "review" if question is None else "question",
             "run_id": request.run_id,
             "call_id": request.call_id,
             "tool": request.tool,
@@ -352,6 +419,8 @@ class ApprovalView(_Model):
             "timeout_decision": None if request.deadline is None else request.on_timeout,
             "approvals_required": request.approvals_required,
             "approvals": approvals_of(record, events),
+            "question": question,
+            "answer": None if question is None else answer_of(record),
         }
 
     @classmethod

@@ -13,6 +13,8 @@ decision once, and returns the `Message` to resume the run with, holding one
 | approve  | `approved=True`                                    | the tool runs, once   |
 | edit     | `approved=False`, reason: the edited call, by name | the tool does not run |
 | deny     | `approved=False`, reason: the reviewer's message   | the tool does not run |
+| respond  | `approved=False`, reason: the answer (`RESPONDED`) | the tool does not run |
+|          | and `response`: the answer itself                  |                       |
 
 ```python
 from agent_framework import Agent, tool
@@ -47,6 +49,11 @@ Limits:
   denial is in its response's `additional_properties["reason"]` (the framework's field for an
   approval's reason); to tell the model, put it in your next user message after the resume
   (not in the resume: a text there would land between the call and its result).
+- Agent Framework has no way to give the model a tool's result without running it: a respond
+  (the reviewer's answer in the tool's place) is answered as a rejection, whose response
+  holds the answer in `additional_properties["response"]` and, worded as
+  `bridges.common.RESPONDED`, in `additional_properties["reason"]`. The model is told the
+  fixed rejection text; to give it the answer, put it in your next user message.
 - Pass the `session` you resume with (Agent Framework only honours responses to requests its
   session recorded as pending), and `messages` when the history is not the session's built-in
   in-memory one. Before asking and again right before returning, the bridge checks that every
@@ -92,7 +99,8 @@ framework_agents:
 - `resume(state, resolutions, run_id=...)` restores the session with
   `AgentSession.from_dict`, builds the approval response `Message` from the resolutions as
   `resolve_approvals` does (approve; an edit as a denial naming the edited call; a denial with
-  its reason), and runs the agent with it in the restored session, returning the next
+  its reason; a respond as a denial holding the answer), and runs the agent with it in the
+  restored session, returning the next
   `HostedStep`.
 
 Nothing stays in memory between steps: `resume` may run in another process, with another
@@ -226,7 +234,12 @@ def _pending_call(request: Content, schemas: Mapping[str, dict[str, Any]]) -> Pe
 def _response(request: Content, resolution: Resolution) -> Content:
     approved = resolution.approved and not resolution.edited
     response = request.to_function_approval_response(approved)
-    if resolution.edited:
+    if resolution.response is not None:
+        # No way to give the model a result without running the tool: a rejection, whose
+        # record says the answer (the model is told the framework's fixed rejection text).
+        response.additional_properties["reason"] = resolution.responded()
+        response.additional_properties["response"] = resolution.response
+    elif resolution.edited:
         response.additional_properties["reason"] = _edited(resolution)
     elif not approved and resolution.message:
         response.additional_properties["reason"] = resolution.message

@@ -7,8 +7,25 @@ awaited, and each is taken once, as a checked one-use token (`core.approval_toke
 A bridge turns the framework's pending calls into `PendingCall`s, calls `resolve_calls`, and
 builds the framework's resume from the `Resolution`s, in the same order: an approval only
 from `Resolution.approved` (whose token was checked against that very call), an edit only
-from `Resolution.arguments`, a denial with `Resolution.message`. Anything a framework says
-about approval by itself counts for nothing.
+from `Resolution.arguments`, a denial with `Resolution.message`, and a respond (a reviewer's
+answer in the tool's place: a denial, the tool does not run) from `Resolution.response`, the
+answer as the token's signed claims carry it. Anything a framework says about approval by
+itself counts for nothing.
+
+How a respond reaches each framework (`RESPONDED` words it where the framework frames it as a
+refusal, or shows the model nothing):
+
+| bridge          | a respond becomes                                                         |
+|-----------------|---------------------------------------------------------------------------|
+| LangChain       | the middleware's own `{"type": "respond", "message": <answer>}` (a        |
+|                 | `reject` whose message is `RESPONDED` when the tool does not allow it)   |
+| pydantic-ai     | `ToolDenied(message=<answer>)`: the model reads the answer as the result |
+| OpenAI Agents   | `state.reject(item, rejection_message=<answer>)`: the call's output      |
+| Agent Framework | a rejection whose `reason` is `RESPONDED` and `response` the answer (the |
+|                 | model is told the framework's fixed rejection text)                       |
+| Google ADK      | `ToolConfirmation(confirmed=False, payload={"message": RESPONDED,         |
+|                 | "response": <answer>})` (ADK's `FunctionTool` tells the model it is       |
+|                 | rejected)                                                                 |
 """
 
 from __future__ import annotations
@@ -20,11 +37,23 @@ from typing import Any, Protocol
 
 from nodbot.core.client import Approval, Consumed
 
-__all__ = ["NO_CALL_ID", "PendingCall", "Resolution", "Reviews", "StaleResume", "resolve_calls"]
+__all__ = [
+    "NO_CALL_ID",
+    "RESPONDED",
+    "PendingCall",
+    "Resolution",
+    "Reviews",
+    "StaleResume",
+    "resolve_calls",
+]
 
 NO_CALL_ID = (
     "the call has no native call id, so no decision can be bound to it: denied by the bridge"
 )
+RESPONDED = "A reviewer answered in the tool's place, so it did not run. Their answer: {response}"
+"""A respond, as the message of a denial (`.format(response=...)`), for the frameworks whose
+denial is all a bridge can send: the model (or whoever reads the framework's record) learns
+both that the tool did not run and what the reviewer answered."""
 
 
 class StaleResume(Exception):
@@ -81,6 +110,13 @@ class Resolution:
     decided_by: str | None
     consumed: Consumed | None
     """The decision as handed out, with its checked token; None when the bridge denied."""
+    response: str | None = None
+    """A respond: the reviewer's answer, to give the model as the call's result in the
+    tool's place (`approved` is false: the tool does not run); None for any other decision."""
+
+    def responded(self) -> str | None:
+        """`RESPONDED` with the answer of a respond; None for any other decision."""
+        return None if self.response is None else RESPONDED.format(response=self.response)
 
 
 async def resolve_calls(
@@ -119,6 +155,8 @@ async def resolve_calls(
                 message=taken.reason,
                 decided_by=taken.decided_by,
                 consumed=taken,
+                # Signed with the rest of the claims: a respond is never read from the copy.
+                response=taken.claims.response,
             )
         )
     return resolutions

@@ -18,6 +18,8 @@ takes each decision once, and returns the user message that answers them: one
 | edit     | `confirmed=False, payload={"message": ...}` naming the     | the tool does not run  |
 |          | edited call (any other tool)                               |                        |
 | deny     | `confirmed=False, payload={"message": <the reason>}`       | the tool does not run  |
+| respond  | `confirmed=False, payload={"message": <the answer, as      | the tool does not run  |
+|          | `RESPONDED`>, "response": <the answer>}`                   |                        |
 
 ```python
 from google.adk.runners import InMemoryRunner
@@ -54,6 +56,11 @@ Limits:
 - ADK's `ToolConfirmation` has no field for a reason: a denial's reason travels as
   `payload={"message": ...}`, which a tool handling its own confirmation can read; ADK's
   `FunctionTool` ignores it and tells the model "This tool call is rejected."
+- ADK has no confirmation that answers in the tool's place: a respond (the reviewer's answer
+  instead of the tool) is a refusal whose payload holds the answer (`"response"`, and worded
+  as `bridges.common.RESPONDED` in `"message"`). A tool that handles its own confirmation can
+  return `payload["response"]` as its result when `confirmed` is false; ADK's `FunctionTool`
+  tells the model "This tool call is rejected."
 - A confirmation whose original call has no id is denied by the bridge (ADK gives every
   call an id, so this only happens to events built or stored by hand); one whose own
   `adk_request_confirmation` call has no id cannot be answered and gets no response.
@@ -312,6 +319,11 @@ def _answer(request_id: str, resolution: Resolution, payload_edits: Collection[s
     elif resolution.approved:
         message = EDIT_DENIED.format(tool=call.tool, call_id=call.call_id)
         confirmation = ToolConfirmation(confirmed=False, payload={"message": message})
+    elif resolution.response is not None:
+        # ADK has no confirmation that answers in the tool's place: a refusal, whose payload
+        # a tool handling its own confirmation may return as its result.
+        payload = {"message": resolution.responded(), "response": resolution.response}
+        confirmation = ToolConfirmation(confirmed=False, payload=payload)
     else:
         confirmation = ToolConfirmation(
             confirmed=False, payload={"message": resolution.message or "denied"}

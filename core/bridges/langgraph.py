@@ -44,13 +44,17 @@ Both interrupt modes of the middleware are understood:
 
 How decisions become the middleware's: an approval is `{"type": "approve"}`; an edit is
 `{"type": "edit", "edited_action": {"name": <the same tool>, "args": <the reviewed
-arguments>}}`; a denial is `{"type": "reject", "message": <the reviewer's reason>}`. A
-decision the tool's review config does not allow is never sent: an edit of a tool that does
-not allow edits is sent as a rejection naming the edited arguments (the tool does not run);
-an approval of a tool that allows only edits is sent as an edit with the same arguments; a
-rejection of a tool that allows `respond` but not `reject` is sent as a `respond` saying the
-call was not run. Reviewers see the middleware's description of the call and the decisions
-it allows.
+arguments>}}`; a denial is `{"type": "reject", "message": <the reviewer's reason>}`; a
+respond (the reviewer's answer in the tool's place) is the middleware's own `{"type":
+"respond", "message": <the answer>}`: the tool does not run, and the model gets the answer
+as the call's result (a `ToolMessage` with status `success`). A decision the tool's review
+config does not allow is never sent: an edit of a tool that does not allow edits is sent as a
+rejection naming the edited arguments (the tool does not run); an approval of a tool that
+allows only edits is sent as an edit with the same arguments; a rejection of a tool that
+allows `respond` but not `reject` is sent as a `respond` saying the call was not run; a
+respond to a tool that does not allow it is sent as a rejection whose message gives the
+answer (`bridges.common.RESPONDED`). Reviewers see the middleware's description of the call
+and the decisions it allows (`interrupt_on={"tool": True}` allows all four).
 
 Refusals:
 
@@ -430,6 +434,10 @@ def _command(actions: list[_Action], resolutions: list[Resolution]) -> Command[A
 def _decision(action: _Action, resolution: Resolution) -> dict[str, Any]:
     """The middleware's decision for one call, only of a type its review allows."""
     allowed, tool = action.allowed, action.call.tool
+    if resolution.response is not None:
+        if "respond" in allowed:
+            return {"type": "respond", "message": resolution.response}
+        return _refusal(allowed, resolution.responded())
     if resolution.approved:
         if not resolution.edited and "approve" in allowed:
             return {"type": "approve"}

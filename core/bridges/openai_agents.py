@@ -13,6 +13,8 @@ with `Runner.run(agent, state)`:
 | edit     | `state.reject(item, rejection_message=<edited call>)`  | the model is told the call  |
 |          |                                                        | to make instead (see below) |
 | deny     | `state.reject(item, rejection_message=<the reason>)`   | the model sees the reason   |
+| respond  | `state.reject(item, rejection_message=<the answer>)`   | the model reads the answer  |
+|          |                                                        | as the call's output        |
 
 ```python
 from agents import Agent, Runner, function_tool
@@ -42,6 +44,10 @@ Limits:
   reviewer's note); if the model then makes that call, it is a new call and a new review.
   Reviewers are told so in the review's description.
 - A denial's reason reaches the model as the call's output (`rejection_message`).
+- The SDK has no decision that answers in a tool's place: a respond (the reviewer's answer
+  instead of the tool) is recorded as a rejection whose message is the answer, which the SDK
+  sends, word for word, as the call's output. The tool does not run; the SDK's own records
+  (and its tracing) call the call rejected.
 - A call without a native `call_id` is denied by the bridge, with no review. The SDK records
   no decision for such a call and runs none either (it requires a call id to execute a tool),
   so a resumed run stops at it again. The SDK makes no such calls itself: they come only from
@@ -87,7 +93,8 @@ framework_agents:
   or `final_text` (the run's `final_output`, as text) once it finished.
 - `resume(state, resolutions, run_id=...)` restores the `RunState` with
   `RunState.from_json(agent, ...)`, records each resolution as `resolve_interruptions` does
-  (approve; an edit as a denial naming the edited call; a denial with its reason), and runs
+  (approve; an edit as a denial naming the edited call; a denial with its reason; a
+  respond as a denial whose message is the answer), and runs
   `Runner.run(agent, state)` again, returning the next `HostedStep`.
 
 Nothing stays in memory between steps: `resume` may run in another process, with another
@@ -186,7 +193,10 @@ async def resolve_interruptions(
 
 def _record(state: RunState[Any], item: ToolApprovalItem, resolution: Resolution) -> None:
     call = resolution.call
-    if not resolution.approved:
+    if resolution.response is not None:
+        # The SDK sends a rejection's message, word for word, as the call's output.
+        _reject(state, item, resolution.response)
+    elif not resolution.approved:
         _reject(state, item, resolution.message or _DENIED)
     elif resolution.arguments != call.arguments:
         edited = _EDITED.format(tool=call.tool, arguments=json.dumps(resolution.arguments))

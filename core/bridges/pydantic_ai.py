@@ -12,6 +12,14 @@ resume the run with:
 | approve  | `ToolApproved()`                                      | the tool runs, once           |
 | edit     | `ToolApproved(override_args=<the edited arguments>)`  | it runs once with those       |
 | deny     | `ToolDenied(message=<the reviewer's reason>)`         | the model sees the reason     |
+| respond  | `ToolDenied(message=<the reviewer's answer>)`         | the model reads the answer as |
+|          |                                                       | the call's result             |
+
+A respond (the reviewer answers in the tool's place) has no result of its own in pydantic-ai
+(an approval's result is `ToolApproved` or `ToolDenied`; `DeferredToolResults.calls` takes
+only external calls): the bridge sends it as the denial whose message is the answer, which
+pydantic-ai gives the model, word for word, as the call's return (a `ToolReturnPart` with
+`outcome="denied"`, an ordinary result for the model, not an error). The tool does not run.
 
 ```python
 from pydantic_ai import Agent, DeferredToolRequests
@@ -365,6 +373,10 @@ def _pending(part: ToolCallPart, schemas: Mapping[str, dict[str, Any]]) -> Pendi
 def _result(resolution: Resolution) -> ToolApproved | ToolDenied:
     if resolution.call.call_id is None:
         return ToolDenied(message=NO_CALL_ID)  # no decision can be bound to it, whatever it says
+    if resolution.response is not None:
+        # pydantic-ai has no result for an approval but these two; a denial's message is the
+        # call's result as the model reads it (an ordinary one: outcome `denied`, no error).
+        return ToolDenied(message=resolution.response)
     if not resolution.approved:
         return ToolDenied(message=resolution.message or ToolDenied().message)
     if resolution.edited:
