@@ -397,12 +397,13 @@ class Executor:
         *,
         reviewed: bool = False,
     ) -> Any:
-        own = replace(ctx, call=call, reviewed=reviewed)  # the tool's: its questions are its call's
+        # The tool's own context (its questions are its call's), for a tool that takes one.
+        own = ctx if tool.context_parameter is None else replace(ctx, call=call, reviewed=reviewed)
         try:
             return await tool.invoke(validated.values, own)
         except QuestionPending as asked:
             # The tool asked a person (`ctx.ask`): the call waits, as for a review.
-            if asked.arguments is None and own.call is call and asked.tool == tool.name:
+            if asked.arguments is None and asked.tool == tool.name:
                 asked.arguments = validated.canonical
             raise
         except (QuestionUnanswered, InvalidQuestionError):
