@@ -194,3 +194,30 @@ def test_the_instruction_count_workloads_run_and_it_refuses_without_valgrind(
     assert done.returncode == 2, done.stdout
     assert "apt-get install valgrind" in done.stderr
     assert "instructions per cycle" not in done.stdout
+
+
+def test_the_cycle_benchmark_runs_and_reports_each_row_with_its_goal() -> None:
+    command = [sys.executable, "bench/cycle.py", "--cycles", "3", "--warmup", "0"]
+    command += ["--rounds", "1", "--no-postgres"]
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    for figure in (
+        "nodbot sqlite, def tool",
+        "nodbot sqlite, async def tool",
+        "nodbot sqlite, blocking=False",
+        "floor sqlite3",
+        "<= 5x",
+        "CPU µs",
+    ):
+        assert figure in done.stdout, done.stdout
+    assert re.search(r"\b(met|MISSED)\b", done.stdout), done.stdout
+
+
+@pytest.mark.parametrize("store", ["memory", "sqlite"])
+def test_the_cycle_profile_runs_and_sums_the_time_by_category(store: str) -> None:
+    command = [sys.executable, "bench/profile_cycle.py", "--cycles", "5", "--warmup", "0"]
+    command += ["--store", store]
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    for figure in ("thread hop", "validation", "µs/cycle"):
+        assert figure in done.stdout, done.stdout
