@@ -319,6 +319,7 @@ async def test_the_openapi_document_describes_every_route(served: Running) -> No
         "/approvals/{approval_id}/decide",
         "/approvals/decide",
         "/approvals/{approval_id}/consume",
+        "/questions",
         "/runs",
         "/runs/{run_id}",
     }
