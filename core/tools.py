@@ -15,7 +15,6 @@ argument. Sync tools run in a worker thread so they never block the event loop.
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import inspect
 import json
@@ -27,6 +26,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 
 from nodbot.core.calls import ToolCall, ToolContext
 from nodbot.core.errors import ConfigurationError, InvalidArgumentsError, UnknownToolError
+from nodbot.core.threads import run_in_thread
 
 __all__ = [
     "ConfirmRule",
@@ -129,15 +129,15 @@ class Tool:
         return ToolSpec(self.name, self.description, self.model.model_json_schema())
 
     async def invoke(self, values: Mapping[str, Any], ctx: ToolContext) -> Any:
-        """Run the function with validated values; sync functions run in a thread unless
-        they are declared `blocking=False`."""
+        """Run the function with validated values; sync functions run in a thread
+        (`core.threads`) unless they are declared `blocking=False`."""
         kwargs = dict(values)
         if self.context_parameter is not None:
             kwargs[self.context_parameter] = ctx
         if inspect.iscoroutinefunction(self.function):
             return await self.function(**kwargs)
         if self.blocking:
-            result = await asyncio.to_thread(self.function, **kwargs)
+            result = await run_in_thread(self.function, **kwargs)
         else:
             result = self.function(**kwargs)
         if inspect.isawaitable(result):  # an async callable object, or a partial of one
