@@ -33,6 +33,7 @@ from starlette.routing import Route
 
 from nodbot.bot.http.auth import ApiError, TokenTable
 from nodbot.bot.http.common import json_body, json_response, parse
+from nodbot.bot.http.requests import asking_as
 from nodbot.bot.http.schemas import (
     ApprovalView,
     _Model,
@@ -115,13 +116,7 @@ def question_routes(service: BotService, tokens: TokenTable) -> list[Route]:
         payload = await json_body(request)
         body = parse(QuestionBody, payload, "invalid question")
         key = idempotency_key(request.headers, token=token.name, route=ROUTE, body=payload)
-        requester = body.requested_by or token.name
-        if requester.lower() != token.name.lower() and "approvals:decide" in token.scopes:
-            raise ApiError(
-                403,
-                "a token that may decide asks only as itself: requested_by must be its name",
-                details={"requested_by": requester},
-            )
+        requester = asking_as(token, body.requested_by)
         try:
             question = make_question(body.question, choices=body.choices, key=body.id)
         except InvalidQuestionError as exc:

@@ -176,13 +176,7 @@ def request_routes(service: BotService, tokens: TokenTable) -> list[Route]:
         payload = await json_body(request)
         body = parse(RequestBody, payload, "invalid approval request")
         key = idempotency_key(request.headers, token=token.name, route=ROUTE, body=payload)
-        requester = body.requested_by or token.name
-        if requester.lower() != token.name.lower() and "approvals:decide" in token.scopes:
-            raise ApiError(
-                403,
-                "a token that may decide asks only as itself: requested_by must be its name",
-                details={"requested_by": requester},
-            )
+        requester = asking_as(token, body.requested_by)
         arguments = body.arguments
         judged = _validated(service, body.tool, arguments)
         asked = ApprovalRequest(
@@ -279,6 +273,20 @@ async def wait_for_decision(
         # Woken by this bot's decisions; another replica's are seen within a poll interval.
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(decided.wait(), min(left, service.poll))
+
+
+def asking_as(token: ApiToken, requested_by: str | None) -> str:
+    """Who a request (`POST /approvals`, `POST /questions`) asks for: its `requested_by`, by
+    default the token's name. Raises `ApiError` 403 when a token that may decide asks for
+    someone else (it could then approve what it asked for them)."""
+    requester = requested_by or token.name
+    if requester.lower() != token.name.lower() and "approvals:decide" in token.scopes:
+        raise ApiError(
+            403,
+            "a token that may decide asks only as itself: requested_by must be its name",
+            details={"requested_by": requester},
+        )
+    return requester
 
 
 def _validated(service: BotService, tool: str, arguments: dict[str, Any]) -> Judged | None:

@@ -250,16 +250,20 @@ class SlackReviews:
 
     async def _respond(self, ack: AsyncAck, body: dict[str, Any]) -> None:
         await ack()
-        click = _Click.of(body)
-        record = await self._record(click, question=False)
+        await self._open_text_modal(_Click.of(body), question=False)
+
+    async def _open_text_modal(self, click: _Click, *, question: bool) -> None:
+        """Open the modal a respond (a call's review) or an answer (a question's) is written
+        in, once the rule's say on it, whatever its text, allows the clicker."""
+        record = await self._record(click, question=question)
         if record is None:
             return
-        # The rule's say on a respond, whatever its text: asked before the modal opens.
         probe = Decision(approved=False, response=RESPOND_PROBE, decided_by=click.user)
         if await self._allowed(click, record, probe) is None:
             return
+        modal = answer_modal(record) if question else respond_modal(record)
         await self.channel.client.views_open(
-            trigger_id=click.trigger_id, view=_with_message(respond_modal(record), click)
+            trigger_id=click.trigger_id, view=_with_message(modal, click)
         )
 
     async def _choose(self, ack: AsyncAck, body: dict[str, Any]) -> None:
@@ -288,16 +292,7 @@ class SlackReviews:
     async def _answer(self, ack: AsyncAck, body: dict[str, Any]) -> None:
         """Answer, on a free-text question: a modal asks for the answer."""
         await ack()
-        click = _Click.of(body)
-        record = await self._record(click, question=True)
-        if record is None:
-            return
-        probe = Decision(approved=False, response=RESPOND_PROBE, decided_by=click.user)
-        if await self._allowed(click, record, probe) is None:
-            return
-        await self.channel.client.views_open(
-            trigger_id=click.trigger_id, view=_with_message(answer_modal(record), click)
-        )
+        await self._open_text_modal(_Click.of(body), question=True)
 
     # --- modals -------------------------------------------------------------------------------
 

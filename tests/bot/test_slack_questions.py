@@ -26,7 +26,7 @@ import pytest
 
 from nodbot.bot.config import SlackConfig
 from nodbot.bot.outbox import OutboxStore
-from nodbot.bot.policy.authorize import NOT_A_REVIEWER
+from nodbot.bot.policy.authorize import NOT_ASKED
 from nodbot.bot.serve import serving
 from nodbot.bot.slack.channel import SlackChannel
 from nodbot.bot.slack.commands import QUESTION_APPROVED
@@ -300,7 +300,7 @@ async def test_a_click_by_someone_who_is_not_a_reviewer_is_refused_and_recorded(
         for user in (bot.other, bot.carol):  # nobody's reviewer; the run's requester
             await bot.click(message, "nodbot.answer.0", user)
         # Each click is handled after Slack's ack: in either order.
-        expected = sorted([(bot.other.id, NOT_A_REVIEWER), (bot.carol.id, NOT_A_REVIEWER)])
+        expected = sorted([(bot.other.id, NOT_ASKED), (bot.carol.id, NOT_ASKED)])
         assert sorted(await refused(bot, approval_id, 2)) == expected
         assert sorted((e.user, e.text) for e in await bot.told(2)) == expected
         assert (await bot.record(approval_id)).decision is None
