@@ -12,9 +12,11 @@ ends the call without the tool's work, and a person who is not asked is refused.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import re
+import subprocess
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from email.message import EmailMessage
@@ -28,6 +30,7 @@ import pytest
 from nodbot.bot.config import load_config
 from nodbot.bot.web import sign_in_link
 from tests.bot.processes import Running, nodbot_serve
+from tests.bot.test_cli import nodbot
 from tests.bot.test_email_end_to_end import free_port, ledger, until
 from tests.bot.test_email_inbound import TRUSTED, reply
 from tests.bot.test_email_outbound import MailServer, mail_server
@@ -264,6 +267,17 @@ async def test_a_question_waits_through_a_restart_and_is_answered_in_slack(desk:
         assert len(desk.emailed(approval_id)) == 1
     assert ledger(desk.tmp_path) == ["A1 Porto"]
     assert desk.starts == 2
+    # The question's events (created, the refusal, voted, decided, consumed) are chained
+    # as a review's are, across the restart.
+    audited = await asyncio.to_thread(
+        subprocess.run,
+        [nodbot(), "audit", "verify", "--config", str(desk.config)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert audited.returncode == 0, audited.stderr
+    assert audited.stdout.startswith("ok: ") and audited.stdout.endswith(" in 1 review\n")
 
 
 def link_in(request: EmailMessage) -> str:
