@@ -268,6 +268,11 @@ async def unsettled(admin: asyncpg.Connection) -> dict[str, int]:
         "reviews approved, unfinished": "SELECT count(*) FROM approvals "
         "WHERE status = 'approved' AND finished_at IS NULL",
         "deliveries due": "SELECT count(*) FROM deliveries WHERE status = 'due'",
+        # A review decided a moment ago may not have its outcome announced yet (the outbox
+        # lane does it after the decision's commit): its delivery is to come.
+        "reviews decided, outcome not yet announced": "SELECT count(*) FROM approvals a "
+        "WHERE a.status <> 'pending' AND NOT EXISTS (SELECT 1 FROM deliveries d "
+        "WHERE d.approval_id = a.approval_id AND d.kind = 'outcome')",
     }
     found = {what: int(await admin.fetchval(query)) for what, query in counts.items()}
     return {what: count for what, count in found.items() if count}
