@@ -52,11 +52,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import cProfile
 import gc
 import json
 import logging
 import multiprocessing
 import os
+import pstats
 import secrets
 import statistics
 import sys
@@ -667,10 +669,15 @@ async def measure(
                 ]
             rounds: list[Throughput] = []
             peers: list[PeerFigures] = []
+            profiler = cProfile.Profile() if args.profile else None
             for number in range(args.rounds):
+                if profiler is not None:
+                    profiler.enable()
                 round_ = await throughput(
                     served.url, args.runs, args.concurrency, f"e2e{number}", args.clients
                 )
+                if profiler is not None:
+                    profiler.disable()
                 rounds.append(await under_load(round_, receiver))
                 if peer is not None:
                     peers.append(await peer_round(peer, args))
@@ -692,6 +699,8 @@ async def measure(
         f"{total} runs, but the tool ran {sum(bot_agent.RUNS.values())} times"
         f" for {len(bot_agent.RUNS)} orders"
     )
+    if profiler is not None:
+        print_profile(profiler, label, args.rounds * args.runs, Path(f"{args.profile}.{label}"))
     if args.logs:
         lines = len((tmp / f"bot-{label}.log").read_text().splitlines())
         print(f"[{label}] the bot logged {lines} lines, {lines / total:.1f} an approval")
@@ -865,6 +874,27 @@ def print_goals(results: Sequence[Measured]) -> None:
     )
 
 
+def print_profile(profiler: cProfile.Profile, label: str, approvals: int, path: Path) -> None:
+    """Where the bot's loop spent its time in the end-to-end rounds (`--profile`): the
+    functions of most own time, in microseconds an approval (cProfile sees the loop's
+    thread: a tool's thread and SQLite's checkpoints are not in it, and its own cost
+    inflates every figure, so read them as shares), and the whole profile saved to `path`
+    (`python -m pstats`)."""
+    profiler.dump_stats(path)
+    stats = pstats.Stats(profiler)
+    rows = sorted(stats.stats.items(), key=lambda item: item[1][2], reverse=True)  # type: ignore[attr-defined]
+    total = sum(row[1][2] for row in rows)
+    print(
+        f"[{label}] profile of the end-to-end rounds (the loop's thread, under cProfile):"
+        f" {total / approvals * 1e6:,.0f} us an approval; saved to {path}"
+    )
+    print(f"{'own us/approval':>16} {'share':>6} {'calls/approval':>15}  function")
+    for (file, line, name), (_, calls, own, _, _) in rows[:30]:
+        where = f"{Path(file).name}:{line}({name})" if line else name
+        each = f"{own / approvals * 1e6:>16.1f} {own / total:>6.1%} {calls / approvals:>15.1f}"
+        print(f"{each}  {where}")
+
+
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0] if __doc__ else None)
     parser.add_argument(
@@ -894,6 +924,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         action="store_true",
         help="the bot logs as `nodbot serve` does by default (level info, text), to a file;"
         " without it, it logs warnings only, as awaithumans' server does here",
+    )
+    parser.add_argument(
+        "--profile",
+        metavar="FILE",
+        help="profile the bot's loop over the end-to-end rounds (cProfile) and print where"
+        " its time goes; the whole profile is saved to FILE.<store>",
     )
     parser.add_argument("--sqlite-only", action="store_true", help="skip PostgreSQL")
     parser.add_argument("--no-peer", action="store_true", help=f"skip awaithumans {PEER_VERSION}")

@@ -221,3 +221,13 @@ def test_the_cycle_profile_runs_and_sums_the_time_by_category(store: str) -> Non
     assert done.returncode == 0, done.stderr
     for figure in ("thread hop", "validation", "µs/cycle"):
         assert figure in done.stdout, done.stdout
+
+
+def test_the_bot_benchmark_profiles_its_loop_when_asked(tmp_path: Path) -> None:
+    command = [sys.executable, "bench/bot.py", "--runs", "3", "--warmup", "0", "--sqlite-only"]
+    command += ["--rounds", "1", "--no-peer", "--profile", str(tmp_path / "bot.prof")]
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "[sqlite] profile of the end-to-end rounds" in done.stdout, done.stdout
+    assert "own us/approval" in done.stdout
+    assert (tmp_path / "bot.prof.sqlite").stat().st_size > 0
