@@ -4,10 +4,12 @@ Every run asks for one refund (of the order and amount in its input, written
 `refund <order> <amount>`) and then answers "done". When the tool runs it records
 `time.perf_counter()` in `RAN_AT[order_id]` and counts the run in `RUNS[order_id]`; the bot
 runs in the benchmark's process, so the benchmark reads both directly, on the same clock.
-Order ids must be unique per run for the figures to mean anything. The tool returns at once,
-so it is declared `blocking=False` and runs on the bot's loop, as such a tool should: sent to
-a thread, as a tool that may block is, its hand-off cost the bot 0.25 ms of CPU an approval
-(2.85 against 2.60 ms, 20 runs at once, medians of 6 rounds of 600 runs).
+Order ids must be unique per run for the figures to mean anything.
+
+The refund is a plain `def`, as a user writes it: it runs in a thread of the tool pool
+(`core.threads`), as any tool that may block does. `async_agent` and `nonblocking_agent` run
+the same refund as an `async def` and as a `def` declared `blocking=False` (on the bot's
+loop): `bench/bot.py --tool` picks one.
 
 The bot imports it as `bench.bot_agent:agent` (from the repository's root); the benchmark must
 import it under the same name to see the same dictionaries.
@@ -30,22 +32,32 @@ from nodbot.core import (
     ToolSpec,
 )
 
-__all__ = ["RAN_AT", "RUNS", "agent", "forget", "tools"]
+__all__ = ["RAN_AT", "RUNS", "agent", "async_agent", "forget", "nonblocking_agent", "tools"]
 
 RAN_AT: dict[str, float] = {}
 """order_id -> `time.perf_counter()` when the refund of that order ran (the last time)."""
 RUNS: Counter[str] = Counter()
 """order_id -> how many times the refund of that order ran."""
 
-tools = ToolRegistry()
 
-
-@tools.tool(effects="destructive", blocking=False)
 def refund(order_id: str, amount: float) -> str:
     """Refund an amount on an order."""
     RAN_AT[order_id] = time.perf_counter()
     RUNS[order_id] += 1
     return f"refunded {amount} on {order_id}"
+
+
+async def refund_async(order_id: str, amount: float) -> str:
+    """Refund an amount on an order."""
+    return refund(order_id, amount)
+
+
+tools = ToolRegistry()
+tools.tool(name="refund", effects="destructive")(refund)
+async_tools = ToolRegistry()
+async_tools.tool(name="refund", effects="destructive")(refund_async)
+nonblocking_tools = ToolRegistry()
+nonblocking_tools.tool(name="refund", effects="destructive", blocking=False)(refund)
 
 
 def forget() -> None:
@@ -69,3 +81,5 @@ class RefundChat:
 
 
 agent = Agent(RefundChat(), tools)
+async_agent = Agent(RefundChat(), async_tools)
+nonblocking_agent = Agent(RefundChat(), nonblocking_tools)
