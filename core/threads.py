@@ -16,7 +16,8 @@ Semantics are `to_thread`'s:
 - calls run at once, side by side: a call that finds no idle thread starts one, up to
   `MOST_THREADS` (then it waits for one to be free, in the order it came);
 - at interpreter exit, the calls still running finish first (`atexit`), as the default
-  executor's do; a result whose loop has closed meanwhile is dropped.
+  executor's do; a result whose loop has closed meanwhile is dropped;
+- a child process made by `fork` starts with an empty pool of its own.
 """
 
 from __future__ import annotations
@@ -53,6 +54,11 @@ class _Pool:
 
     def __init__(self, most: int) -> None:
         self.most = most
+        self._reset()
+
+    def _reset(self) -> None:
+        """Empty, with no threads: as made, and in a child process after a fork (which has
+        none of its parent's threads: work queued for them would wait for ever)."""
         self._queue: queue.SimpleQueue[_Work] = queue.SimpleQueue()
         self._idle = threading.Semaphore(0)
         """Released by a thread as it waits for work: a call that acquires it has one."""
@@ -115,6 +121,8 @@ def _settle(future: asyncio.Future[Any], result: Any, error: BaseException | Non
 
 _POOL = _Pool(MOST_THREADS)
 atexit.register(_POOL.drain)
+if hasattr(os, "register_at_fork"):  # POSIX
+    os.register_at_fork(after_in_child=_POOL._reset)
 
 
 async def run_in_thread(function: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:

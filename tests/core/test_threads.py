@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import multiprocessing
 import threading
+import time
 
 import pytest
 
-from nodbot.core import Executor, ToolCall, ToolRegistry
+from nodbot.core import Executor, ToolCall, ToolRegistry, threads
 from nodbot.core.threads import MOST_THREADS, run_in_thread
 
 WHO: contextvars.ContextVar[str] = contextvars.ContextVar("who", default="nobody")
@@ -128,3 +130,24 @@ async def test_a_plain_def_tool_runs_in_the_pool() -> None:
 
     assert result.status == "ok"
     assert result.value.startswith("nodbot-tool-")
+
+
+def _in_child() -> None:
+    """A forked child's own call: it has none of its parent's threads."""
+    assert asyncio.run(run_in_thread(lambda: "from the child")) == "from the child"
+
+
+def test_a_forked_child_has_a_pool_of_its_own() -> None:
+    assert asyncio.run(run_in_thread(lambda: "warm")) == "warm"  # the parent has threads now
+    # Forked while a parent's thread waits for work (it says so once it has handed its
+    # result back): the child must not count on that thread.
+    deadline = time.monotonic() + 10
+    while not threads._POOL._idle._value and time.monotonic() < deadline:
+        time.sleep(0.001)
+    child = multiprocessing.get_context("fork").Process(target=_in_child)
+    child.start()
+    child.join(30)
+    if child.exitcode is None:  # waiting for a thread the child does not have
+        child.kill()
+        child.join()
+    assert child.exitcode == 0
