@@ -114,6 +114,7 @@ bench: $(VENV)/.bench-installed
 	$(BIN)/python bench/notices.py
 	$(BIN)/python bench/list_pending.py
 	$(BIN)/python bench/bot.py
+	$(BIN)/python bench/replicas.py
 	$(BIN)/python bench/counts.py
 	$(BIN)/python bench/requests.py
 	$(BIN)/python bench/slack.py

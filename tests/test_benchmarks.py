@@ -231,3 +231,31 @@ def test_the_bot_benchmark_profiles_its_loop_when_asked(tmp_path: Path) -> None:
     assert "[sqlite] profile of the end-to-end rounds" in done.stdout, done.stdout
     assert "own us/approval" in done.stdout
     assert (tmp_path / "bot.prof.sqlite").stat().st_size > 0
+
+
+@pytest.mark.postgres
+def test_the_replicas_benchmark_runs_and_reports_every_figure() -> None:
+    server = postgres_server_url()
+    if server is None:
+        pytest.skip("PostgreSQL tests need NODBOT_TEST_POSTGRES_URL (see docs/development.md)")
+    command = [sys.executable, "bench/replicas.py", "--runs", "6", "--warmup", "0"]
+    command += ["--rounds", "1", "--concurrency", "3"]
+    environment = {**os.environ, "NODBOT_BENCH_POSTGRES_URL": server}
+    done = subprocess.run(
+        command, cwd=ROOT, capture_output=True, text=True, timeout=300, env=environment
+    )
+    assert done.returncode == 0, done.stderr
+    # A round of 1 replica and one of 3, each with its CPU per approval, then the goals.
+    # round, replicas, runs, seconds, approvals/s, CPU ms/approval, decided -> finished.
+    row = r"\s+6\s+[\d.]+\s+[\d.,]+\s+[\d.]+\s+[\d.]+ / [\d.]+  [\d.]+"
+    assert re.search(rf"^\s+1\s+1{row}$", done.stdout, re.M), done.stdout
+    assert re.search(rf"^\s+2\s+3{row}, [\d.]+, [\d.]+$", done.stdout, re.M), done.stdout
+    for figure in (
+        "bot CPU per approval with 1 replica =",
+        "(goal <= 2 ms:",
+        "bot CPU per approval with 3 replicas =",
+    ):
+        assert figure in done.stdout, done.stdout
+    ratio = r"bot CPU per approval with 3 replicas / with 1 = \d+\.\d\dx"
+    ratio += r" \(goal <= 1\.2x: (met|MISSED)\)"
+    assert re.search(ratio, done.stdout), done.stdout
