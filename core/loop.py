@@ -266,11 +266,15 @@ async def _pending_reviews(
     """The reviews the run waits on, by key: those of the open calls of its paused turn
     that are pending, made for that very call (its tool and validated arguments)."""
     pending: dict[str, ApprovalRecord] = {}
+    questions: list[ApprovalRecord] | None = None  # the run's pending questions, read once
     for call in _open_turn(conversation)[1]:
         record = await port.store.find(ctx.run_id, call.id)
         if record is None:
             # A call that asked a person (`ctx.ask`) waits on its question instead.
-            asked = await _pending_question(port, ctx.run_id, call)
+            if questions is None:
+                waiting = await port.store.list(run_id=ctx.run_id, status="pending")
+                questions = [found for found in waiting if is_question(found.request)]
+            asked = _asked_by(call, questions)
             if asked is not None:
                 pending[approval_interrupt_id(call.id)] = asked
             continue
@@ -285,17 +289,14 @@ async def _pending_reviews(
     return pending
 
 
-async def _pending_question(
-    port: DeferredApproval, run_id: str, call: ToolCall
-) -> ApprovalRecord | None:
-    """The pending question the call asked (`ctx.ask`: a review of the run under the call id
-    `<call id>.ask_<key>`), the newest if it asked several; None when it waits on none."""
+def _asked_by(call: ToolCall, questions: Sequence[ApprovalRecord]) -> ApprovalRecord | None:
+    """Of `questions` (pending), the one `call` asked (`ctx.ask`: stored under the call id
+    `<call id>.ask_<key>`), the newest if it asked several; None when it asked none."""
     prefix = f"{call.id}.ask_"
     asked = [
         record
-        for record in await port.store.list(run_id=run_id, status="pending")
+        for record in questions
         if record.request.call_id.startswith(prefix)
-        and record.request.policy.get("question") is not None
         and record.request.arguments.get("asked_by") == call.name
     ]
     return asked[-1] if asked else None

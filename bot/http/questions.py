@@ -32,14 +32,11 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from nodbot.bot.http.auth import ApiError, TokenTable
-from nodbot.bot.http.common import json_body, json_response, parse
-from nodbot.bot.http.requests import asking_as
+from nodbot.bot.http.common import json_body, parse
+from nodbot.bot.http.requests import asked_once, asking_as
 from nodbot.bot.http.schemas import (
-    ApprovalView,
     _Model,
     idempotency_key,
-    kept_by,
-    other_body,
 )
 from nodbot.bot.policy.rules import RulesPort
 from nodbot.bot.service import BotService
@@ -52,7 +49,6 @@ from nodbot.core.questions import (
     make_question,
     question_request,
 )
-from nodbot.core.store import IdempotencyKey, IdempotencyKeyUsed, KeptKey
 
 __all__ = ["QuestionBody", "question_routes"]
 
@@ -125,31 +121,7 @@ def question_routes(service: BotService, tokens: TokenTable) -> list[Route]:
         asked = replace(
             asked, policy={**asked.policy, "requested_with": token.name}, idempotency=key
         )
-        try:
-            if key is not None and (kept := await store.find_key(key)) is not None:
-                return await _repeated(key, kept)
-            existing = await store.find(asked.run_id, asked.call_id)
-            if existing is not None and not existing.finished:
-                _same_question(existing, asked)
-                if key is not None:
-                    await store.keep_key(key, existing.approval_id)
-                return json_response(await ApprovalView.read(store, existing))
-            # With a key: written with the record it makes (see `ApprovalRequest.idempotency`).
-            record, decided = await port.open_review(asked)
-        except IdempotencyKeyUsed as used:  # a repeat sent while the first was on its way
-            return await _repeated(used.key, kept_by(used))
-        _same_question(record, asked)  # another request for this id won a race: the same?
-        if decided:
-            service.decided()  # declined at once: wake whoever waits on it
-        return json_response(await ApprovalView.read(store, record), status=201)
-
-    async def _repeated(key: IdempotencyKey, kept: KeptKey) -> Response:
-        """The question a repeated key names, as it is now (200), or a 409 when the body is
-        not the first one's."""
-        conflict = other_body(key, kept)
-        if conflict is not None:
-            raise conflict
-        return json_response(await ApprovalView.read(store, await store.get(kept.target_id)))
+        return await asked_once(service, port, asked, key, _same_question)
 
     return [Route("/questions", create, methods=["POST"])]
 

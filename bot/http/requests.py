@@ -54,6 +54,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Annotated, Any
 
@@ -189,35 +190,10 @@ def request_routes(service: BotService, tokens: TokenTable) -> list[Route]:
             policy=_extra_policy(body, token),
             idempotency=key,
         )
-        try:
-            if key is not None and (kept := await store.find_key(key)) is not None:
-                return await _repeated(key, kept)
-            existing = await store.find(body.run_id, body.call_id)
-            if existing is not None and not existing.finished:
-                _same_call(existing, asked)
-                if key is not None:
-                    await store.keep_key(key, existing.approval_id)
-                return json_response(await ApprovalView.read(store, existing))
-            if body.description:
-                policy = {**asked.policy, "call_description": body.description}
-                asked = replace(asked, policy=policy)
-            # With a key: written with the record it makes (see `ApprovalRequest.idempotency`).
-            record, decided = await port.open_review(asked, judged=judged)
-        except IdempotencyKeyUsed as used:  # a repeat sent while the first was on its way
-            return await _repeated(used.key, kept_by(used))
-        _same_call(record, asked)  # another request for the call won a race: the same call?
-        if decided:
-            service.decided()
-        return json_response(await ApprovalView.read(store, record), status=201)
-
-    async def _repeated(key: IdempotencyKey, kept: KeptKey) -> Response:
-        """The answer to a repeat of a keyed request: the approval its key names, as it is
-        now (200, as for a call asked about already), or a 409 when the body is not the
-        first one's."""
-        conflict = other_body(key, kept)
-        if conflict is not None:
-            raise conflict
-        return json_response(await ApprovalView.read(store, await store.get(kept.target_id)))
+        extra = {"call_description": body.description} if body.description else None
+        return await asked_once(
+            service, port, asked, key, _same_call, judged=judged, policy_if_new=extra
+        )
 
     async def consume(request: Request) -> Response:
         token = tokens.require_token(request, "approvals:request")
@@ -273,6 +249,53 @@ async def wait_for_decision(
         # Woken by this bot's decisions; another replica's are seen within a poll interval.
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(decided.wait(), min(left, service.poll))
+
+
+async def asked_once(
+    service: BotService,
+    port: RulesPort,
+    asked: ApprovalRequest,
+    key: IdempotencyKey | None,
+    same: Callable[[ApprovalRecord, ApprovalRequest], None],
+    *,
+    judged: Judged | None = None,
+    policy_if_new: dict[str, Any] | None = None,
+) -> Response:
+    """The answer to a request that asks (`POST /approvals`, `POST /questions`), made once:
+    the record its idempotency key names (200; 409 for another body), else the call's
+    active record (200), else a new one as the rules make it (201), with `policy_if_new`
+    added to its policy. `same` refuses (409) a record made for another call than `asked`
+    (one found, or one that another request for the call made first)."""
+    store = service.store
+    try:
+        if key is not None and (kept := await store.find_key(key)) is not None:
+            return await _repeated(store, key, kept)
+        existing = await store.find(asked.run_id, asked.call_id)
+        if existing is not None and not existing.finished:
+            same(existing, asked)
+            if key is not None:
+                await store.keep_key(key, existing.approval_id)
+            return json_response(await ApprovalView.read(store, existing))
+        if policy_if_new:
+            asked = replace(asked, policy={**asked.policy, **policy_if_new})
+        # With a key: written with the record it makes (see `ApprovalRequest.idempotency`).
+        record, decided = await port.open_review(asked, judged=judged)
+    except IdempotencyKeyUsed as used:  # a repeat sent while the first was on its way
+        return await _repeated(store, used.key, kept_by(used))
+    same(record, asked)  # another request for the call won a race: the same call?
+    if decided:
+        service.decided()  # decided at once (by a rule): wake whoever waits on it
+    return json_response(await ApprovalView.read(store, record), status=201)
+
+
+async def _repeated(store: Any, key: IdempotencyKey, kept: KeptKey) -> Response:
+    """The answer to a repeat of a keyed request: the approval its key names, as it is now
+    (200, as for a call asked about already), or a 409 when the body is not the first
+    one's."""
+    conflict = other_body(key, kept)
+    if conflict is not None:
+        raise conflict
+    return json_response(await ApprovalView.read(store, await store.get(kept.target_id)))
 
 
 def asking_as(token: ApiToken, requested_by: str | None) -> str:
