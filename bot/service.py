@@ -543,7 +543,7 @@ class BotService:
             self.health.listening = None
             log.warning("listening to the database's notices again")
         if self.health.listening is None and listen is not None:
-            self.health.listening = await listen(self.decided)
+            self.health.listening = await listen(self.decided, self._changed)
 
     async def _work(self, stop: asyncio.Event) -> None:
         """Two lanes side by side: the runs (time-outs, ready runs) and the outbox (announce,

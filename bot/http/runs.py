@@ -149,8 +149,8 @@ def run_routes(service: BotService, tokens: TokenTable) -> list[Route]:
             left = deadline - time.monotonic()
             if _settled(view) or left <= 0:
                 return json_response(view)
-            # Woken when this bot moves a run on; another replica's work is seen within a
-            # poll interval.
+            # Woken when this bot moves the run on, or when another replica saves it stopped
+            # (the database's notice of it); anything else is seen within a poll interval.
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(changed.wait(), min(left, service.poll))
             # A run the step ended is shown as it saved it, not read again: it changes no more.

@@ -627,9 +627,12 @@ class Backend(Protocol):
         """How many approvals have each status (statuses with none are left out)."""
         ...
 
-    async def listen(self, woken: Callable[[], None]) -> Listening:
-        """Call `woken()` when any process decides an approval (where the database can say
-        so); returns the function that stops listening."""
+    async def listen(
+        self, woken: Callable[[], None], moved: Callable[[str], None] | None = None
+    ) -> Listening:
+        """Call `woken()` when any process decides an approval, and `moved(run_id)` when
+        another process saves a run that stops (where the database can say so); returns the
+        function that stops listening."""
         ...
 
     @property

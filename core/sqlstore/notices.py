@@ -1,5 +1,8 @@
-"""Listening for the database's notices of decisions, on a connection that comes back, and
-sending them.
+"""Listening for the database's notices of decisions and of runs' ends, on a connection that
+comes back, and sending them.
+
+A run's end is told as a decision is (after its commit, only when another store listens), so
+that a wait for the run in another process answers when the run stops, not at its next look.
 
 PostgreSQL tells the listeners of other stores when a store decides an approval: after the
 decision commits, in a statement of its own (`Teller`), and only when a session of another
@@ -21,7 +24,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 
 import asyncpg
 
@@ -70,12 +73,22 @@ class NotListening(Listening):
 
 
 class Listener(Listening):
-    """LISTEN on `channel` of `dsn` for the store `store` (its row in `listeners`, so that
-    other stores' decisions tell it), connected again whenever the connection is lost."""
+    """LISTEN on each of `channels` of `dsn` (calling its function with each notice's
+    payload) for the store `store` (its row in `listeners`, so that other stores tell it),
+    connected again whenever the connection is lost; `woken()` is called when notices may
+    have been missed (see the module's docstring)."""
 
-    def __init__(self, dsn: str, channel: str, woken: Callable[[], None], *, store: str) -> None:
+    def __init__(
+        self,
+        dsn: str,
+        channels: Mapping[str, Callable[[str], None]],
+        woken: Callable[[], None],
+        *,
+        store: str,
+    ) -> None:
         self._dsn = dsn
-        self._channel = channel
+        self._channels = dict(channels)
+        self._channel = ", ".join(self._channels)
         self._woken = woken
         self._store = store
         self.connected = False
@@ -109,7 +122,8 @@ class Listener(Listening):
     async def _connect(self) -> asyncpg.Connection:
         connection = await asyncpg.connect(self._dsn, timeout=CONNECT_TIMEOUT)
         try:
-            await connection.add_listener(self._channel, self._notified)
+            for channel in self._channels:
+                await connection.add_listener(channel, self._notified)
             await connection.execute(_REGISTER, self._store)
         except BaseException:
             await _close(connection)
@@ -120,8 +134,11 @@ class Listener(Listening):
         self.connected = True
         return connection
 
-    def _notified(self, *_: object) -> None:
-        self._woken()
+    def _notified(self, _connection: object, _pid: int, channel: str, payload: str) -> None:
+        try:
+            self._channels[channel](payload)
+        except Exception:  # a listener's bug must not stop the notices of the others
+            log.exception("a listener of the database's notices on %s failed", channel)
 
     def _terminated(self, connection: object) -> None:
         # asyncpg calls this from the loop, possibly late: a connection closed here after
@@ -171,12 +188,14 @@ async def _close(connection: asyncpg.Connection) -> None:
 
 
 class Teller:
-    """Sends the notices of decisions once they have committed, with `send(run_ids)` (one
-    statement): the run ids of decisions made while one is on its way go out together in the
-    next, so that deciders at once share statements as they share commits."""
+    """Sends notices (of decisions, of runs' ends) once what they tell has committed, with
+    `send(run_ids)` (one statement): the run ids told while one is on its way go out together
+    in the next, so that writers at once share statements as they share commits. `what`
+    names the runs in its log lines."""
 
-    def __init__(self, send: Callable[[list[str]], Awaitable[None]]) -> None:
+    def __init__(self, send: Callable[[list[str]], Awaitable[None]], what: str) -> None:
         self._send = send
+        self._what = what
         self._runs: set[str] = set()
         self._next: asyncio.Future[None] | None = None
         self._task: asyncio.Task[None] | None = None
@@ -191,7 +210,7 @@ class Teller:
             self._next = asyncio.get_running_loop().create_future()
         sent = self._next
         if self._task is None:
-            self._task = asyncio.create_task(self._sending(), name="notices of decisions")
+            self._task = asyncio.create_task(self._sending(), name=f"notices of {self._what}")
         await asyncio.shield(sent)
 
     async def drain(self) -> None:
@@ -209,9 +228,10 @@ class Teller:
                     await self._send(runs)
                 except Exception as exc:  # every driver failure, whatever asyncpg calls it
                     log.warning(
-                        "could not send the notices of %d decided runs (%s: %s); other "
-                        "processes find the decisions when they next look",
+                        "could not send the notices of %d %s (%s: %s); other processes "
+                        "find them when they next look",
                         len(runs),
+                        self._what,
                         type(exc).__name__,
                         exc,
                     )

@@ -224,6 +224,10 @@ SELECT {COLUMNS} FROM approvals WHERE run_id = $1 AND call_id = $2 AND finished_
 DECIDED_CHANNEL = "nodbot_decided"
 """Notified with the run id whenever an approval is decided, so that the bots of other
 processes wake at once (see core/sqlstore/notices.py)."""
+RUNS_CHANNEL = "nodbot_runs"
+"""Notified with the run id whenever a step saves a run that stops there (it waits, finished
+or failed), so that a wait for the run in another process (`GET /runs/{id}?wait`) answers at
+once."""
 
 
 def _heard(store: int) -> str:
@@ -413,7 +417,7 @@ _SAVE_RUN = f"""
 UPDATE runs SET status = $3, messages = $4, final_text = $5, error = $6, updated_at = $7,
     version = version + 1, claimed_by = NULL, lease_until = NULL
 WHERE run_id = $1 AND version = $2
-RETURNING {RUN_COLUMNS}"""
+RETURNING {RUN_COLUMNS}, {_heard(8)}"""
 # The same, with the approvals the run's step spent finished (each by its key, the arrays'
 # n-th elements together), only when the run is saved: a late save (the run taken over)
 # finishes nothing, and whoever resumes the run finishes them with its own save.
@@ -422,14 +426,14 @@ WITH saved AS (
     {_SAVE_RUN.strip()}
 ), finished AS (
     UPDATE approvals
-    SET finished_at = $7, outcome = ($9::text[])[array_position($8::text[], approval_id)]
-    WHERE approval_id = ANY ($8::text[]) AND consumed_at IS NOT NULL AND finished_at IS NULL
+    SET finished_at = $7, outcome = ($10::text[])[array_position($9::text[], approval_id)]
+    WHERE approval_id = ANY ($9::text[]) AND consumed_at IS NOT NULL AND finished_at IS NULL
       AND EXISTS (SELECT 1 FROM saved)
     RETURNING approval_id
 ), logged AS (
     {_EVENTS}
     SELECT approval_id, 'finished', $7::timestamptz, NULL, 'executor',
-           ($10::text[])[array_position($8::text[], approval_id)], NULL
+           ($11::text[])[array_position($9::text[], approval_id)], NULL
     FROM finished
 )
 SELECT * FROM saved"""
@@ -733,7 +737,8 @@ class PostgresBackend:
         # This store, as its listeners' rows name it: its decisions notice other stores only.
         self._store = secrets.token_hex(8)
         self._woken: list[Callable[[], None]] = []  # this store's listeners, woken here
-        self._teller = Teller(self._notify)
+        self._teller = Teller(self._notify, "decided runs")
+        self._run_teller = Teller(self._notify_runs, "runs stopped")
 
     @classmethod
     async def connect(cls, dsn: str, *, audit_key: str | None = None) -> PostgresBackend:
@@ -754,11 +759,17 @@ class PostgresBackend:
     def backlogged(self) -> bool:
         return self._pool.saturated
 
-    async def listen(self, woken: Callable[[], None]) -> Listening:
+    async def listen(
+        self, woken: Callable[[], None], moved: Callable[[str], None] | None = None
+    ) -> Listening:
         """Call `woken()` whenever any process decides an approval: this store's decisions
         here, others' on their notices, on a connection made again whenever it is lost
-        (`Listener`); returns what stops listening."""
-        listener = await Listener(self._dsn, DECIDED_CHANNEL, woken, store=self._store).start()
+        (`Listener`); and `moved(run_id)` whenever another store saves a run that stops
+        (`RUNS_CHANNEL`). Returns what stops listening."""
+        channels: dict[str, Callable[[str], None]] = {DECIDED_CHANNEL: lambda _: woken()}
+        if moved is not None:
+            channels[RUNS_CHANNEL] = moved
+        listener = await Listener(self._dsn, channels, woken, store=self._store).start()
         self._woken.append(woken)
         return _Heard(listener, lambda: self._woken.remove(woken))
 
@@ -780,6 +791,13 @@ class PostgresBackend:
         await self._pool.execute(
             "SELECT pg_notify($1, run_id) FROM unnest($2::text[]) AS run_id",
             DECIDED_CHANNEL,
+            run_ids,
+        )
+
+    async def _notify_runs(self, run_ids: list[str]) -> None:
+        await self._pool.execute(
+            "SELECT pg_notify($1, run_id) FROM unnest($2::text[]) AS run_id",
+            RUNS_CHANNEL,
             run_ids,
         )
 
@@ -1304,6 +1322,7 @@ class PostgresBackend:
             values["final_text"],
             values["error"],
             values["updated_at"],
+            self._store,
         ]
         query = _SAVE_RUN
         if spent:
@@ -1311,7 +1330,11 @@ class PostgresBackend:
             ids, outcomes = [each[0] for each in spent], [each[1] for each in spent]
             arguments += [ids, outcomes, [detail("outcome", outcome) for outcome in outcomes]]
         changed = await self._one(query, *arguments)
-        return Change(changed, None) if changed else Change(None, await self.get_run(run_id))
+        if not changed:
+            return Change(None, await self.get_run(run_id))
+        if changed.pop("heard") and changed["status"] != "running":
+            await self._run_teller.tell([run_id])  # it stops here: waits elsewhere answer
+        return Change(changed, None)
 
     async def renew_claim(
         self, run_id: str, version: int, at: datetime, lease_until: datetime
@@ -1415,6 +1438,7 @@ class PostgresBackend:
 
     async def close(self) -> None:
         await self._teller.drain()
+        await self._run_teller.drain()
         await self._pool.close()
 
 

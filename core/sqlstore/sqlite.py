@@ -1255,9 +1255,11 @@ class SqliteBackend:
     def backlogged(self) -> bool:
         return False  # one connection, used without waiting: operations run one by one
 
-    async def listen(self, woken: Callable[[], None]) -> Listening:
-        # SQLite has no notices between processes: other processes' decisions are found by
-        # polling. This process's own decisions wake its workers directly.
+    async def listen(
+        self, woken: Callable[[], None], moved: Callable[[str], None] | None = None
+    ) -> Listening:
+        # SQLite has no notices between processes: other processes' decisions and runs are
+        # found by polling. This process's own decisions wake its workers directly.
         return NotListening()
 
     async def close(self) -> None:

@@ -927,15 +927,18 @@ class SqlApprovalStore:
         failing = getattr(checkpointer, "failing", None)
         return [] if failing is None else [f"the SQLite log cannot be checkpointed: {failing}"]
 
-    async def listen(self, woken: Callable[[], None]) -> Listening:
+    async def listen(
+        self, woken: Callable[[], None], moved: Callable[[str], None] | None = None
+    ) -> Listening:
         """Call `woken()` whenever any process decides an approval in this database
         (PostgreSQL: this store's decisions in this process, other stores' by LISTEN/NOTIFY;
-        on SQLite only polling finds other processes' decisions). Returns what stops
-        listening: a lost connection is made again, and `woken()` called once it is, so
-        nothing decided meanwhile is missed."""
+        on SQLite only polling finds other processes' decisions), and `moved(run_id)`
+        whenever another process saves a run that stops there: it waits, finished or failed
+        (PostgreSQL only). Returns what stops listening: a lost connection is made again,
+        and `woken()` called once it is, so nothing decided meanwhile is missed."""
         backend = await self._ready()
         with self._errors():
-            return await backend.listen(woken)
+            return await backend.listen(woken, moved)
 
     async def _ready(self) -> Backend:
         if self._backend is not None:

@@ -121,3 +121,52 @@ async def test_a_decision_made_elsewhere_wakes_the_bot_at_once(
             while ledger_agent.RUNS != [("o-1", 3.0)]:
                 assert time.monotonic() - started < 5, "the bot was not woken by the notice"
                 await asyncio.sleep(0.01)
+
+
+@pytest.mark.postgres
+async def test_a_run_one_bot_finishes_ends_a_wait_on_another_at_once(tmp_path: Path) -> None:
+    """A client behind a balancer asks one replica to wait for a run that another replica
+    moves on: the wait answers when the run ends, not at the waiting bot's next look (60 s
+    here, beyond the wait)."""
+    ledger = tmp_path / "ledger.txt"
+    async with (
+        postgres_database() as url,
+        contextlib.AsyncExitStack() as stack,
+    ):
+        bots = []
+        for name in ("a", "b"):
+            path = config(tmp_path, url, name)
+            path.write_text(path.read_text() + "workers: {poll: 60}\n")
+            bots.append(
+                await stack.enter_async_context(nodbot_serve(path, NODBOT_TEST_LEDGER=str(ledger)))
+            )
+        clients = [
+            await stack.enter_async_context(httpx.AsyncClient(base_url=bot.url, timeout=60))
+            for bot in bots
+        ]
+        body = {"agent": "ledger", "input": "refund held-1 3"}  # its refund waits for a file
+        started = (await clients[0].post("/runs", json=body, headers=HEADERS)).json()
+        run_id, approval_id = started["run_id"], started["pending"][0]["approval_id"]
+        decided = await clients[0].post(
+            f"/approvals/{approval_id}/decide", json={"action": "approve"}, headers=HEADERS
+        )
+        assert decided.status_code == 200, decided.text
+
+        async def refunding() -> bool:
+            return ledger.exists() and "held-1" in ledger.read_text()
+
+        await eventually(refunding, "the refund to start")
+        async with SqlApprovalStore(url) as store:  # the bot whose worker runs the refund
+            running = await store.get_run(run_id)
+        assert running.status == "running" and running.claimed_by is not None
+        pids = [bot.process.pid for bot in bots]
+        runner = pids.index(int(running.claimed_by.rsplit(":", 1)[1]))
+        other = clients[1 - runner]
+        waiting = asyncio.create_task(other.get(f"/runs/{run_id}?wait=40", headers=HEADERS))
+        done, _ = await asyncio.wait([waiting], timeout=0.5)
+        assert not done, "the wait answered while the refund ran"
+        released = time.monotonic()
+        (tmp_path / "ledger.txt.go").touch()
+        answer = await waiting
+        assert answer.json()["status"] == "finished"
+        assert time.monotonic() - released < 10, "woken by its own look, not by the run's end"

@@ -17,12 +17,13 @@ import pytest
 from nodbot.core import (
     ApprovalRequest,
     Decision,
+    HumanMessage,
     SqlApprovalStore,
     arguments_digest,
     wait_for_decision,
 )
 from nodbot.core.sqlstore.notices import Teller
-from nodbot.core.sqlstore.postgres import DECIDED_CHANNEL
+from nodbot.core.sqlstore.postgres import DECIDED_CHANNEL, RUNS_CHANNEL
 
 ARGUMENTS = {"order_id": "o-7", "amount": 500.0}
 ANA = Decision(approved=True, decided_by="ana")
@@ -40,17 +41,19 @@ def ask(call_id: str, **extra: object) -> ApprovalRequest:
 
 
 @contextlib.asynccontextmanager
-async def overheard(url: str) -> AsyncIterator[Callable[[], Awaitable[list[str]]]]:
+async def overheard(
+    url: str, channel: str = DECIDED_CHANNEL
+) -> AsyncIterator[Callable[[], Awaitable[list[str]]]]:
     """A plain session (not a nodbot store) that LISTENs to the decisions' channel. Yields
     what returns the run ids of every notice sent since it started: it sends a last notice of
     its own and collects until that arrives, because the server delivers notices in the order
     their transactions committed."""
     heard: asyncio.Queue[str] = asyncio.Queue()
     connection = await asyncpg.connect(url)
-    await connection.add_listener(DECIDED_CHANNEL, lambda *args: heard.put_nowait(args[3]))
+    await connection.add_listener(channel, lambda *args: heard.put_nowait(args[3]))
 
     async def notices() -> list[str]:
-        await connection.execute(f"NOTIFY {DECIDED_CHANNEL}, 'end'")
+        await connection.execute(f"NOTIFY {channel}, 'end'")
         got = []
         async with asyncio.timeout(10):
             while (payload := await heard.get()) != "end":
@@ -190,7 +193,7 @@ async def test_decisions_made_while_a_notice_is_on_its_way_go_out_together() -> 
         on_its_way.set()
         await release.wait()
 
-    teller = Teller(send)
+    teller = Teller(send, "decided runs")
     first = asyncio.create_task(teller.tell(["run_1"]))
     async with asyncio.timeout(10):
         await on_its_way.wait()
@@ -209,8 +212,47 @@ async def test_a_notice_that_cannot_be_sent_is_logged_and_the_decision_stands(
     async def send(run_ids: list[str]) -> None:
         raise ConnectionResetError("the server went away")
 
-    teller = Teller(send)
+    teller = Teller(send, "decided runs")
     async with asyncio.timeout(10):
         await teller.tell(["run_1"])  # returns: nothing raised to the decider
     assert "could not send the notices of 1 decided runs" in caplog.text
     assert "ConnectionResetError: the server went away" in caplog.text
+
+
+@pytest.mark.postgres
+async def test_a_run_saved_where_it_stops_is_told_to_another_listening_store(
+    postgres_url: str,
+) -> None:
+    """A step's save that leaves a run waiting, finished or failed tells the other stores
+    that listen (a wait for the run there answers at once); a save that leaves it running
+    tells nobody, nor does any save while only the saving store listens."""
+    async with (
+        SqlApprovalStore(postgres_url) as saving,
+        SqlApprovalStore(postgres_url) as elsewhere,
+        overheard(postgres_url, RUNS_CHANNEL) as notices,
+    ):
+        own = await saving.listen(lambda: None)
+        try:
+            alone = await saving.create_run(
+                agent="a", messages=[HumanMessage(content="hi")], worker="w1"
+            )
+            await saving.save_run(alone, status="finished", messages=alone.messages)
+            assert await notices() == []
+            moved: asyncio.Queue[str] = asyncio.Queue()
+            listening = await elsewhere.listen(lambda: None, moved.put_nowait)
+            try:
+                told = []
+                for status in ("running", "waiting", "finished", "failed"):
+                    run = await saving.create_run(
+                        agent="a", messages=[HumanMessage(content=status)], worker="w1"
+                    )
+                    await saving.save_run(run, status=status, messages=run.messages)
+                    if status != "running":
+                        async with asyncio.timeout(10):
+                            told.append(await moved.get())
+                        assert told[-1] == run.run_id
+                assert moved.empty()
+            finally:
+                await listening()
+        finally:
+            await own()
