@@ -134,9 +134,9 @@ class Listener(Listening):
         self.connected = True
         return connection
 
-    def _notified(self, _connection: object, _pid: int, channel: str, payload: str) -> None:
+    def _notified(self, _connection: object, _pid: int, channel: str, payload: object) -> None:
         try:
-            self._channels[channel](payload)
+            self._channels[channel](str(payload))
         except Exception:  # a listener's bug must not stop the notices of the others
             log.exception("a listener of the database's notices on %s failed", channel)
 
