@@ -87,6 +87,8 @@ from starlette.routing import Route  # noqa: E402
 
 from bench import bot_agent  # noqa: E402
 from bench.awaithumans_peer import PEER_VERSION, PeerError, PeerFigures, ensure_venv, measure_peer  # noqa: E402
+from bench.profile_cycle import Attribution, Function  # noqa: E402
+from bench.profile_cycle import label as function_label  # noqa: E402
 from bench.support import fresh_postgres, is_loopback, postgres_server  # noqa: E402
 from nodbot.bot.serve import serving  # noqa: E402
 from nodbot.bot.webhooks import InvalidSignature, verify_signature  # noqa: E402
@@ -881,25 +883,90 @@ def print_goals(results: Sequence[Measured]) -> None:
     )
 
 
-def print_profile(profiler: cProfile.Profile, label: str, approvals: int, path: Path) -> None:
-    """Where the bot's loop spent its time in the end-to-end rounds (`--profile`): the
-    functions of most own time, in microseconds an approval (cProfile sees the loop's
-    thread: a tool's thread and SQLite's checkpoints are not in it, and its own cost
-    inflates every figure, so read them as shares), and the whole profile saved to `path`
+# Where a bot approval's time goes (`--profile`): a function's category by its module; a
+# built-in or a helper of the standard library takes its callers' (`Attribution`).
+HTTP = "HTTP (uvicorn, Starlette, nodbot's routes)"
+STEP = "the run's step (agent loop, executor, rules)"
+STORE = "store (SQL and the Python around it)"
+OUTBOX = "outbox and webhook (aiohttp)"
+CHECKS = "validation, JSON"
+LOOP = "event loop, sockets"
+IDLE = "idle (waiting in epoll)"
+REST = "the rest"
+BOT_CATEGORIES = (HTTP, STEP, STORE, OUTBOX, CHECKS, LOOP, IDLE, REST)
+_BOT_PACKAGES = {
+    "uvicorn": HTTP,
+    "starlette": HTTP,
+    "httptools": HTTP,
+    "h11": HTTP,
+    "aiohttp": OUTBOX,
+    "yarl": OUTBOX,
+    "multidict": OUTBOX,
+    "pydantic": CHECKS,
+    "pydantic_core": CHECKS,
+    "asyncpg": STORE,
+    "sqlalchemy": STORE,
+}
+
+
+def bot_category(function: Function) -> str | None:
+    """The category of a function of a bot approval's profile; None: its callers'."""
+    filename, _, name = function
+    if filename == "~":
+        if "epoll" in name and "poll" in name:
+            return IDLE
+        return STORE if "sqlite3." in name else None
+    path = Path(filename).as_posix()
+    if "/site-packages/" in path:
+        package = path.split("/site-packages/", 1)[1].split("/", 1)[0].split(".")[0]
+        return _BOT_PACKAGES.get(package, REST)
+    for part, category in (
+        ("/bot/http/", HTTP),
+        ("/bot/web/", HTTP),
+        ("/bot/outbox.py", OUTBOX),
+        ("/bot/webhooks.py", OUTBOX),
+        ("/core/sqlstore/", STORE),
+        ("/core/store.py", STORE),
+        ("/core/", STEP),
+        ("/bot/", STEP),
+        ("/bench/", REST),
+    ):
+        if part in path:
+            return category
+    if "/asyncio/" in path or path.endswith(("/selectors.py", "/socket.py")):
+        return LOOP
+    if path.endswith(("/json/encoder.py", "/json/decoder.py", "/json/__init__.py")):
+        return CHECKS
+    return None
+
+
+def print_profile(profiler: cProfile.Profile, store: str, approvals: int, path: Path) -> None:
+    """Where the bot's loop spent its time in the end-to-end rounds (`--profile`): its own
+    time by category, then the functions of most own time, in microseconds an approval
+    (cProfile sees the loop's thread: a tool's thread and SQLite's checkpoints are not in
+    it, and its own cost inflates every figure, so read them as shares; the loop's waits in
+    epoll are idle and left out of the shares), and the whole profile saved to `path`
     (`python -m pstats`)."""
     profiler.dump_stats(path)
-    stats = pstats.Stats(profiler)
-    rows = sorted(stats.stats.items(), key=lambda item: item[1][2], reverse=True)  # type: ignore[attr-defined]
-    total = sum(row[1][2] for row in rows)
+    stats = pstats.Stats(profiler).stats  # type: ignore[attr-defined]
+    totals = Attribution(stats, bot_category, BOT_CATEGORIES).by_category()
+    busy = sum(totals.values()) - totals[IDLE]
     print(
-        f"[{label}] profile of the end-to-end rounds (the loop's thread, under cProfile):"
-        f" {total / approvals * 1e6:,.0f} us an approval; saved to {path}"
+        f"[{store}] profile of the end-to-end rounds (the loop's thread, under cProfile):"
+        f" {busy / approvals * 1e6:,.0f} us an approval busy (idle left out); saved to {path}"
     )
+    print(f"{'us/approval':>12} {'share':>6}  category")
+    for category in sorted(BOT_CATEGORIES, key=lambda c: -totals[c]):
+        if category != IDLE:
+            micro = totals[category] / approvals * 1e6
+            print(f"{micro:>12,.1f} {totals[category] / busy:>6.1%}  {category}")
+    rows = sorted(stats.items(), key=lambda item: item[1][2], reverse=True)
     print(f"{'own us/approval':>16} {'share':>6} {'calls/approval':>15}  function")
-    for (file, line, name), (_, calls, own, _, _) in rows[:30]:
-        where = f"{Path(file).name}:{line}({name})" if line else name
-        each = f"{own / approvals * 1e6:>16.1f} {own / total:>6.1%} {calls / approvals:>15.1f}"
-        print(f"{each}  {where}")
+    for function, (_, calls, own, _, _) in [row for row in rows if bot_category(row[0]) != IDLE][
+        :30
+    ]:
+        each = f"{own / approvals * 1e6:>16.1f} {own / busy:>6.1%} {calls / approvals:>15.1f}"
+        print(f"{each}  {function_label(function)}")
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:

@@ -54,7 +54,7 @@ import sys
 import sysconfig
 import tempfile
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TypeAlias
 
@@ -176,11 +176,19 @@ Stats: TypeAlias = dict[Function, tuple[int, int, float, float, dict[Function, A
 
 
 class Attribution:
-    """Own time by category: a function's own category, or for one without (a built-in, a
-    helper of the standard library) its callers', shared by the time under each caller."""
+    """Own time by category: a function's own category (`categorize`, a cycle's by default),
+    or for one without (a built-in, a helper of the standard library) its callers', shared by
+    the time under each caller. `categories` lists them all, `REST` among them."""
 
-    def __init__(self, stats: Stats) -> None:
+    def __init__(
+        self,
+        stats: Stats,
+        categorize: Callable[[Function], str | None] = category_of,
+        categories: Sequence[str] = CATEGORIES,
+    ) -> None:
         self.stats = stats
+        self._categorize = categorize
+        self._categories = categories
         self._shares: dict[Function, dict[str, float]] = {}
 
     def shares(
@@ -189,7 +197,7 @@ class Attribution:
         """The categories of `function`'s own time, as fractions that add up to one."""
         if function in self._shares:
             return self._shares[function]
-        own = category_of(function)
+        own = self._categorize(function)
         if own is not None:
             return {own: 1.0}
         callers = {
@@ -215,7 +223,7 @@ class Attribution:
 
     def by_category(self) -> dict[str, float]:
         """Seconds of own time by category."""
-        totals = dict.fromkeys(CATEGORIES, 0.0)
+        totals = dict.fromkeys(self._categories, 0.0)
         for function, (_, _, own, _, _) in sorted(self.stats.items()):
             for category, part in self.shares(function).items():
                 totals[category] += own * part
