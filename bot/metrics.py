@@ -63,7 +63,9 @@ RUN_BUCKETS: tuple[float, ...] = (
 """Seconds from a decision to its call: the bot's own queue (milliseconds) to a caller that
 asks for its decision much later (hours)."""
 
-CHANNELS = frozenset({"api", "web", "slack", "email", "cli", "rules", "remembered", "timeout"})
+CHANNELS = frozenset(
+    {"api", "web", "slack", "teams", "discord", "email", "cli", "rules", "remembered", "timeout"}
+)
 """Where a decision may come from (`channel` of the decision histogram)."""
 METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
 

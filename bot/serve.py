@@ -30,6 +30,8 @@ from nodbot.bot.config import (
     unread_replies_warning,
 )
 from nodbot.bot.config.agents import report_agents
+from nodbot.bot.discord.channel import DiscordChannel
+from nodbot.bot.discord.interactions import DiscordReviews
 from nodbot.bot.email.answers import Answers
 from nodbot.bot.email.channel import EmailChannel
 from nodbot.bot.email.imap import ImapReader
@@ -44,6 +46,8 @@ from nodbot.bot.slack.channel import SlackChannel
 from nodbot.bot.slack.reviews import SlackReviews, connect_socket_mode
 from nodbot.bot.store import store_for
 from nodbot.bot.supervise import Supervisor
+from nodbot.bot.teams.channel import TeamsChannel
+from nodbot.bot.teams.reviews import TeamsReviews
 from nodbot.bot.web import WebInbox
 from nodbot.bot.webhooks import WebhookChannel
 from nodbot.core import ToolRegistry
@@ -154,6 +158,16 @@ async def _serving(
                 config.slack, store, registry, session=outbound, public_url=config.web.public_url
             )
             channels.append(slack_channel)
+        teams_channel = None
+        if config.teams is not None:
+            teams_channel = TeamsChannel(config.teams, store, registry, session=outbound)
+            channels.append(teams_channel)
+        discord_channel = None
+        if config.discord is not None:
+            discord_channel = DiscordChannel(
+                config.discord, store, registry, session=outbound, public_url=config.web.public_url
+            )
+            channels.append(discord_channel)
         email_channel = None
         if config.email is not None:
             secret = config.web.secret.get_secret_value() if config.web.secret else None
@@ -183,6 +197,14 @@ async def _serving(
             slack = SlackReviews(
                 config.slack, slack_channel, on_decided=service.decided, authorizer=authorizer
             )
+        teams = None
+        if teams_channel is not None:
+            teams = TeamsReviews(teams_channel, authorizer=authorizer, on_decided=service.decided)
+        discord = None
+        if config.discord is not None and discord_channel is not None:
+            discord = DiscordReviews(
+                config.discord, discord_channel, authorizer=authorizer, on_decided=service.decided
+            )
         inbox = WebInbox(
             store=store,
             registry=service.registry,
@@ -211,6 +233,8 @@ async def _serving(
             inbox=inbox,
             slack=slack if config.slack is not None and config.slack.mode == "http" else None,
             email=inbound,
+            teams=teams,
+            discord=discord,
         )
         # uvicorn's own records go through the bot's handler (log_config=None: one format,
         # one stream), and the bot logs each request itself (`AccessLog`).
@@ -278,6 +302,8 @@ async def _serving(
             await asyncio.gather(serving_task, supervisor.wait(), return_exceptions=True)
             if answers is not None:
                 await answers.close()
+            if discord is not None:
+                await discord.close()  # decisions of clicks already answered
             await service.close()
     finally:
         if outbound is not None:

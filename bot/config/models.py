@@ -17,6 +17,8 @@ from pydantic import (
     PlainValidator,
     PrivateAttr,
     SecretStr,
+    TypeAdapter,
+    ValidationError,
     field_validator,
     model_validator,
 )
@@ -257,6 +259,102 @@ class SlackConfig(ConfigModel):
         if self.mode == "socket" and self.app_token is None:
             raise problems((("app_token",), "socket mode needs an app-level token (xapp-...)"))
         return self
+
+
+_DISCORD_HANDLE = re.compile(r"discord:[0-9]{5,25}")
+
+
+def _person_handle(value: object) -> str:
+    if isinstance(value, str) and _DISCORD_HANDLE.fullmatch(value):
+        return value
+    if not isinstance(value, str):
+        raise problem(f"expected a handle, not {shown(value)}")
+    try:
+        principal: str = TypeAdapter(Principal).validate_python(value)
+    except ValidationError as exc:
+        raise problem(str(exc.errors()[0]["msg"]).removeprefix("Value error, ")) from None
+    return principal
+
+
+PersonHandle: TypeAlias = Annotated[str, PlainValidator(_person_handle)]
+"""A handle of a `people:` entry: a principal (a name, a Slack user id, an email address) or
+`discord:<user id>`, a Discord user (Discord ids are not addresses)."""
+
+
+class DiscordConfig(ConfigModel):
+    """The Discord channel: reviews posted to Discord channels with Approve / Edit / Deny
+    buttons, clicks sent by Discord to https://<host>/discord/interactions (docs: Discord
+    setup)."""
+
+    application_id: Annotated[str, Field(pattern=r"^[0-9]{5,25}$")]
+    """The application's id (General Information in the developer portal)."""
+    public_key: Annotated[str, Field(pattern=r"^[0-9a-fA-F]{64}$")]
+    """The application's public key (hex): interactions are checked against it (Ed25519)."""
+    bot_token: Secret
+    """The bot's token, written as `${DISCORD_BOT_TOKEN}`: it posts and edits the messages."""
+    channels: Annotated[list[Annotated[str, Field(pattern=r"^[0-9]{5,25}$")]], Field(min_length=1)]
+    """The ids of the Discord channels every review is posted to; who may decide it is its
+    rule's say (Discord users are matched to reviewers through `people:`)."""
+    api_url: str | None = None
+    """The REST API's base URL; by default Discord's own (https://discord.com/api/v10). Set
+    it to a local stand-in of Discord to try the bot without a server."""
+
+    @field_validator("api_url")
+    @classmethod
+    def _api_url(cls, value: str | None) -> str | None:
+        if value is not None and not re.fullmatch(r"https?://[^\s/]+(/[^\s]*)?", value):
+            raise problem(f"expected an http:// or https:// address, not {value!r}")
+        return None if value is None else value.rstrip("/")
+
+
+class TeamsConversation(ConfigModel):
+    """A Microsoft Teams conversation every review is posted to (docs: Microsoft Teams setup)."""
+
+    conversation: Annotated[str, Field(min_length=1, max_length=512)]
+    """Its id: a channel's (19:...@thread.tacv2) or a personal chat's (a:1...), as Teams
+    says it in the activities it sends the bot."""
+    service_url: str
+    """The Bot Framework connector that serves it (the `serviceUrl` of its activities, such
+    as https://smba.trafficmanager.net/amer/)."""
+
+    @field_validator("service_url")
+    @classmethod
+    def _service_url(cls, value: str) -> str:
+        if not re.fullmatch(r"https?://[^\s/]+(/[^\s]*)?", value):
+            raise problem(f"expected an http:// or https:// address, not {value!r}")
+        return value.rstrip("/")
+
+
+class TeamsConfig(ConfigModel):
+    """The Microsoft Teams channel: the Azure bot's app id and password, and where reviews
+    are posted (docs: Microsoft Teams setup). Teams sends clicks to
+    https://<host>/teams/messages, each signed by the Bot Framework (a JWT checked against
+    its published keys)."""
+
+    app_id: Annotated[str, Field(min_length=1, max_length=200)]
+    """The bot's Microsoft app id (a GUID): the audience its inbound tokens must name."""
+    app_password: Secret
+    """The bot's client secret, written as `${TEAMS_APP_PASSWORD}`."""
+    post_to: list[TeamsConversation] = Field(default_factory=list)
+    """The conversations every review request is posted to, as an Adaptive Card (Approve,
+    Edit, Deny), each updated once the review is decided."""
+    openid_url: str = "https://login.botframework.com/v1/.well-known/openidconfiguration"
+    """The Bot Framework's OpenID metadata, whose `jwks_uri` lists the keys inbound tokens
+    are signed with; change it only to point at a local stand-in of the Bot Framework."""
+    token_url: str = "https://login.microsoftonline.com/botframework.com/oauth2/v2.0/token"
+    """Where the bot gets its own token (client credentials) to post to the connector; a
+    single-tenant bot puts its tenant id in place of botframework.com."""
+    issuer: str = "https://api.botframework.com"
+    """The issuer inbound tokens must name."""
+    cache_ttl: Duration = 300
+    """How long a Teams user's address (looked up to tell who they are) is kept (default 5m)."""
+
+    @field_validator("openid_url", "token_url")
+    @classmethod
+    def _urls(cls, value: str) -> str:
+        if not re.fullmatch(r"https?://[^\s/]+(/[^\s]*)?", value):
+            raise problem(f"expected an http:// or https:// address, not {value!r}")
+        return value
 
 
 WebhookEvent: TypeAlias = Literal["approval.pending", "approval.escalated", "approval.decided"]
@@ -812,10 +910,10 @@ class Config(ConfigModel):
     denied without them."""
     reviewer_groups: dict[Name, list[ReviewerEntry]] = Field(default_factory=dict)
     """Group name -> reviewers (not other groups); rules name a group as group:<name>."""
-    people: dict[Name, list[Principal]] = Field(default_factory=dict)
+    people: dict[Name, list[PersonHandle]] = Field(default_factory=dict)
     """Person name -> their handles (Slack user ids, email addresses, API token names,
-    inbox sign-ins): one person however they act. A Slack user and the address Slack holds
-    for them are one person without an entry."""
+    inbox sign-ins, `discord:<user id>`): one person however they act. A Slack user and the
+    address Slack holds for them are one person without an entry."""
     delegations: list[StandingDelegation] = Field(default_factory=list)
     """Standing delegations: a reviewer's reviews handed to another person, as
     `nodbot delegate` hands them for a while (docs: People and handles)."""
@@ -826,6 +924,10 @@ class Config(ConfigModel):
     it; without `defaults:` such a call is denied."""
     slack: SlackConfig | None = None
     """The Slack channel; without it, nothing is posted to Slack."""
+    teams: TeamsConfig | None = None
+    """The Microsoft Teams channel; without it, nothing is posted to Teams."""
+    discord: DiscordConfig | None = None
+    """The Discord channel; without it, nothing is posted to Discord."""
     email: EmailConfig | None = None
     """The email channel; without it, nothing is emailed. Needs `web.secret` (it signs the
     reply tokens)."""

@@ -86,15 +86,17 @@ def undecidable_warning(config: Config) -> str | None:
     """`nodbot serve`'s warning when reviews can open but nobody has a way to decide them:
     no token with approvals:decide, no `web.secret` (without it `nodbot inbox-link` cannot
     sign anyone in: the inbox's secret is made at start and known to that process alone),
-    and no Slack. None when a reviewer has a way, or no rule asks for review."""
+    and no chat (Slack, Teams, Discord). None when a reviewer has a way, or no rule asks for
+    review."""
     deciding = any("approvals:decide" in token.scopes for token in config.api.tokens)
-    if not config.rules or deciding or config.web.secret is not None or config.slack:
+    chats = config.slack or config.teams or config.discord
+    if not config.rules or deciding or config.web.secret is not None or chats:
         return None
     return (
         f"{config.location(())}: warning: nobody can decide a review: no API token has the "
         "scope approvals:decide, web.secret is not set (so `nodbot inbox-link` cannot sign "
-        "anyone in) and no slack: section is configured; add one of them (`nodbot init` "
-        "writes a bot with the first two)"
+        "anyone in) and no slack:, teams: or discord: section is configured; add one of them "
+        "(`nodbot init` writes a bot with the first two)"
     )
 
 

@@ -96,8 +96,10 @@ from nodbot.core import (
 from nodbot.core.questions import answer_problem, is_question
 
 if TYPE_CHECKING:
+    from nodbot.bot.discord.interactions import DiscordReviews
     from nodbot.bot.email.inbound import Inbound
     from nodbot.bot.slack.reviews import SlackReviews
+    from nodbot.bot.teams.reviews import TeamsReviews
     from nodbot.bot.web import WebInbox
 
 __all__ = ["SELF_APPROVAL_REASON", "AuthorizeDecision", "create_app", "refuse_self_approval"]
@@ -159,13 +161,18 @@ def create_app(
     inbox: WebInbox | None = None,
     slack: SlackReviews | None = None,
     email: Inbound | None = None,
+    teams: TeamsReviews | None = None,
+    discord: DiscordReviews | None = None,
 ) -> Starlette:
     """The approvals API over `store`; edits are validated with the tools of `registry`.
 
     `authorize_decision` may refuse a decision (403 with its reason); by default
     `refuse_self_approval`. With a `service`, the runs API is served too, and every decision
     wakes its workers. With an `inbox`, the web inbox is served under `/inbox`; with
-    `email`, replies are taken at `POST /email/inbound`.
+    `email`, replies are taken at `POST /email/inbound`; with `teams`, the Bot Framework's
+    activities at `POST /teams/messages` (each verified by its JWT there); with `discord`,
+    Discord's interactions at `POST /discord/interactions` (each verified by its Ed25519
+    signature there).
     """
     table = TokenTable(tokens)
     on_decided = service.decided if service is not None else None
@@ -206,6 +213,10 @@ def create_app(
             return await slack_events.handle(request)
 
         routes.append(Route("/slack/events", slack_endpoint, methods=["POST"]))
+    if teams is not None:
+        routes.append(Route("/teams/messages", teams.endpoint, methods=["POST"]))
+    if discord is not None:
+        routes += discord.routes()
 
     def counters() -> dict[str, int]:
         found = {**api.counters, **(service.counters if service is not None else {})}

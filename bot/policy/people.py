@@ -12,8 +12,9 @@ user groups, channels, escalation) compares `Person`s, never the handles themsel
 
 A person's `key` is `person:<name>` for an entry of `people:`, else `email:<address>` when an
 address is known (so a Slack user and the address Slack holds for them are one person), else
-`slack:<user id>` or `name:<handle>`. A lookup that fails raises `IdentityUnavailable`: the
-caller refuses, since who acted cannot be told.
+`slack:<user id>`, `discord:<user id>` (a Discord user without an entry: a handle
+`discord:<id>` in `people:` joins them to the person) or `name:<handle>`. A lookup that
+fails raises `IdentityUnavailable`: the caller refuses, since who acted cannot be told.
 """
 
 from __future__ import annotations
@@ -32,6 +33,9 @@ from nodbot.bot.slack.directory import Directory
 __all__ = ["IdentityUnavailable", "People", "Person", "normalize_handle"]
 
 _SLACK_USER = re.compile(r"[UW][A-Z0-9]{8,}")
+_DISCORD_USER = re.compile(r"discord:[0-9]{5,25}")
+"""A Discord user, as the Discord channel names a clicker; a `people:` entry names them so
+(Discord ids are not addresses: an entry is how one is a reviewer)."""
 _NOT_FOUND = frozenset({"users_not_found", "user_not_found"})
 """Slack's answers that settle a lookup: there is no such user (not a failure)."""
 
@@ -154,6 +158,8 @@ class People:
             return f"email:{emails[0]}"
         if _SLACK_USER.fullmatch(handle):
             return f"slack:{handle}"
+        if _DISCORD_USER.fullmatch(handle):
+            return handle  # `discord:<user id>`: an id, not a name anyone may type
         return f"name:{handle}"
 
     async def _email_of(self, user: str) -> str | None:

@@ -512,7 +512,8 @@ def test_an_unknown_top_level_key_names_the_file_line_and_expected_keys(tmp_path
         f"{tmp_path / 'nodbot.yml'}:2: servers: unknown key 'servers'; did you mean 'server'? "
         "(expected one of: "
         "store, server, workers, agents, framework_agents, external_tools, reviewer_groups, "
-        "people, delegations, rules, defaults, slack, email, api, web, webhooks, audit, log)"
+        "people, delegations, rules, defaults, slack, teams, discord, email, api, web, webhooks, "
+        "audit, log)"
     )
 
 

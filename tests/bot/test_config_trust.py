@@ -382,6 +382,16 @@ def test_serve_warns_when_nobody_can_decide_a_review() -> None:
     token = {"name": "lead", "token": "t" * 40, "scopes": ["approvals:decide"]}
     with_token = Config.model_validate({"rules": [rule], "api": {"tokens": [token]}})
     assert undecidable_warning(with_token) is None
+    teams = {"app_id": "app-1", "app_password": "p" * 40}
+    assert undecidable_warning(Config.model_validate({"rules": [rule], "teams": teams})) is None
+    discord = {
+        "application_id": "123456789",
+        "public_key": "ab" * 32,
+        "bot_token": "b" * 40,
+        "channels": ["987654321"],
+    }
+    with_discord = Config.model_validate({"rules": [rule], "discord": discord})
+    assert undecidable_warning(with_discord) is None
 
 
 def test_serve_warns_when_no_email_reply_can_decide() -> None:

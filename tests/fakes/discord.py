@@ -1,0 +1,310 @@
+"""A local fake of Discord for tests: its REST API over real HTTP on 127.0.0.1, and a signer
+of interactions as Discord signs them.
+
+The fake serves what nodbot's Discord channel calls (`/api/v10` under its `api_url`):
+posting a message to a channel (honouring `nonce` with `enforce_nonce`, as Discord does:
+the same nonce from the same author returns the first message), editing one, reading a
+channel's latest messages, and an interaction's follow-up messages. It checks the bot's
+token (`Authorization: Bot <token>`), keeps every message with its edits for the test to
+read, and fails on demand (`fail_next`).
+
+    async with discord_fake() as discord:
+        ...  # run nodbot with discord.api_url, discord.bot_token, discord.public_key
+        [message] = discord.messages(CHANNEL)
+        body, headers = discord.sign(click(discord, message, "approve", user=ANA))
+
+`Signer` holds a test Ed25519 key: `sign(body)` gives the `X-Signature-Ed25519` and
+`X-Signature-Timestamp` headers of a body, over the timestamp and the body, as Discord
+signs them. `button_click` and `modal_submit` build the interactions Discord sends.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import json
+import secrets
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import uvicorn
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+JSON = dict[str, Any]
+
+APPLICATION_ID = "1100000000000000001"
+BOT_TOKEN = "fake-discord-bot-token-0000000000000000"
+GUILD_ID = "1200000000000000002"
+MAX_CONTENT = 2000
+MAX_CUSTOM_ID = 100
+MAX_NONCE = 25
+
+
+class Signer:
+    """Signs interactions with a test Ed25519 key, as Discord signs them."""
+
+    def __init__(self) -> None:
+        self.key = Ed25519PrivateKey.generate()
+
+    @property
+    def public_key(self) -> str:
+        """The public key as the developer portal shows it (hex)."""
+        return self.key.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw).hex()
+
+    def headers(self, body: bytes, *, timestamp: int | None = None) -> dict[str, str]:
+        """The headers Discord sends with `body`."""
+        stamp = str(int(time.time()) if timestamp is None else timestamp)
+        signature = self.key.sign(stamp.encode() + body).hex()
+        return {
+            "X-Signature-Ed25519": signature,
+            "X-Signature-Timestamp": stamp,
+            "Content-Type": "application/json",
+        }
+
+    def sign(self, interaction: JSON, *, timestamp: int | None = None) -> tuple[bytes, JSON]:
+        """`interaction` as Discord posts it: its body and headers."""
+        body = json.dumps(interaction, separators=(",", ":")).encode()
+        return body, self.headers(body, timestamp=timestamp)
+
+
+@dataclass
+class Message:
+    """A message the bot posted, as it stands now, and its earlier versions."""
+
+    id: str
+    channel_id: str
+    body: JSON
+    edits: list[JSON] = field(default_factory=list)
+
+    @property
+    def content(self) -> str:
+        return str(self.body.get("content") or "")
+
+    @property
+    def custom_ids(self) -> list[str]:
+        """The custom ids of the message's buttons."""
+        return [
+            str(button["custom_id"])
+            for row in self.body.get("components") or []
+            for button in row.get("components") or []
+        ]
+
+    def to_api(self) -> JSON:
+        return {
+            "id": self.id,
+            "channel_id": self.channel_id,
+            "author": {"id": APPLICATION_ID, "bot": True},
+            "content": self.content,
+            "components": self.body.get("components") or [],
+        }
+
+
+@dataclass
+class FollowUp:
+    """A message sent after an interaction (to its webhook)."""
+
+    token: str
+    body: JSON
+
+
+class DiscordFake:
+    """The fake's state and its REST API (see the module)."""
+
+    def __init__(self) -> None:
+        self.signer = Signer()
+        self.bot_token = BOT_TOKEN
+        self.application_id = APPLICATION_ID
+        self.base_url = ""
+        self._messages: dict[str, Message] = {}
+        self._nonces: dict[str, str] = {}
+        self._ids = itertools.count(1_300_000_000_000_000_000)
+        self.follow_ups: list[FollowUp] = []
+        self.requests: list[tuple[str, str]] = []
+        """Every call, (method, path)."""
+        self._failures: list[tuple[int, JSON]] = []
+        self.app = Starlette(
+            routes=[
+                Route("/api/v10/channels/{channel}/messages", self._post, methods=["POST"]),
+                Route("/api/v10/channels/{channel}/messages", self._recent, methods=["GET"]),
+                Route(
+                    "/api/v10/channels/{channel}/messages/{message}", self._edit, methods=["PATCH"]
+                ),
+                Route("/api/v10/webhooks/{application}/{token}", self._follow_up, methods=["POST"]),
+            ]
+        )
+
+    @property
+    def api_url(self) -> str:
+        return f"{self.base_url}/api/v10"
+
+    @property
+    def public_key(self) -> str:
+        return self.signer.public_key
+
+    def messages(self, channel: str) -> list[Message]:
+        """The messages posted to `channel`, oldest first."""
+        return [m for m in self._messages.values() if m.channel_id == channel]
+
+    def fail_next(self, status: int, body: JSON | None = None) -> None:
+        """The next call to the bot's API answers `status` with `body`."""
+        self._failures.append((status, body or {"message": "failed on purpose", "code": 0}))
+
+    # --- the API -----------------------------------------------------------------------------
+
+    def _refusal(self, request: Request, *, bot: bool = True) -> Response | None:
+        self.requests.append((request.method, request.url.path))
+        if bot and request.headers.get("authorization") != f"Bot {self.bot_token}":
+            return JSONResponse({"message": "401: Unauthorized", "code": 0}, status_code=401)
+        if self._failures:
+            status, body = self._failures.pop(0)
+            headers = {"Retry-After": "0"} if status == 429 else {}
+            return JSONResponse(body, status_code=status, headers=headers)
+        return None
+
+    async def _post(self, request: Request) -> Response:
+        refused = self._refusal(request)
+        if refused is not None:
+            return refused
+        body = await request.json()
+        problem = _problem(body)
+        if problem is not None:
+            return JSONResponse({"message": problem, "code": 50035}, status_code=400)
+        nonce = body.get("nonce")
+        if body.get("enforce_nonce") and nonce in self._nonces:
+            return JSONResponse(self._messages[self._nonces[nonce]].to_api())
+        channel = request.path_params["channel"]
+        message = Message(str(next(self._ids)), channel, body)
+        self._messages[message.id] = message
+        if isinstance(nonce, str):
+            self._nonces[nonce] = message.id
+        return JSONResponse(message.to_api())
+
+    async def _edit(self, request: Request) -> Response:
+        refused = self._refusal(request)
+        if refused is not None:
+            return refused
+        message = self._messages.get(request.path_params["message"])
+        if message is None or message.channel_id != request.path_params["channel"]:
+            return JSONResponse({"message": "Unknown Message", "code": 10008}, status_code=404)
+        body = await request.json()
+        problem = _problem(body)
+        if problem is not None:
+            return JSONResponse({"message": problem, "code": 50035}, status_code=400)
+        message.edits.append(message.body)
+        message.body = {**message.body, **body}
+        return JSONResponse(message.to_api())
+
+    async def _recent(self, request: Request) -> Response:
+        refused = self._refusal(request)
+        if refused is not None:
+            return refused
+        limit = int(request.query_params.get("limit", "50"))
+        found = self.messages(request.path_params["channel"])[::-1][:limit]
+        return JSONResponse([m.to_api() for m in found])
+
+    async def _follow_up(self, request: Request) -> Response:
+        refused = self._refusal(request, bot=False)
+        if refused is not None:
+            return refused
+        if request.path_params["application"] != self.application_id:
+            return JSONResponse({"message": "Unknown Webhook", "code": 10015}, status_code=404)
+        self.follow_ups.append(FollowUp(request.path_params["token"], await request.json()))
+        return JSONResponse({"id": str(next(self._ids))})
+
+
+def _problem(body: Any) -> str | None:
+    """What Discord would refuse in a message's body (the limits nodbot may reach)."""
+    if not isinstance(body, dict):
+        return "not a JSON object"
+    if len(str(body.get("content") or "")) > MAX_CONTENT:
+        return "content: must be 2000 or fewer in length"
+    nonce = body.get("nonce")
+    if nonce is not None and (not isinstance(nonce, str) or len(nonce) > MAX_NONCE):
+        return "nonce: must be 25 or fewer in length"
+    for row in body.get("components") or []:
+        if row.get("type") != 1 or len(row.get("components") or []) > 5:
+            return "components: an action row of at most 5 components"
+        for button in row.get("components") or []:
+            if len(str(button.get("custom_id") or "")) > MAX_CUSTOM_ID:
+                return "custom_id: must be 100 or fewer in length"
+    return None
+
+
+def _snowflake() -> str:
+    return str(1_400_000_000_000_000_000 + secrets.randbelow(10**17))
+
+
+def button_click(
+    fake: DiscordFake, message: Message, custom_id: str, *, user: str, token: str | None = None
+) -> JSON:
+    """The interaction Discord sends when `user` clicks the button `custom_id` of `message`."""
+    return {
+        "id": _snowflake(),
+        "application_id": fake.application_id,
+        "type": 3,
+        "token": token or f"interaction-token-{secrets.token_hex(8)}",
+        "version": 1,
+        "guild_id": GUILD_ID,
+        "channel_id": message.channel_id,
+        "member": {"user": {"id": user, "username": f"user{user[-4:]}"}, "roles": []},
+        "message": message.to_api(),
+        "data": {"custom_id": custom_id, "component_type": 2},
+    }
+
+
+def modal_submit(
+    fake: DiscordFake,
+    message: Message,
+    custom_id: str,
+    values: dict[str, str],
+    *,
+    user: str,
+    token: str | None = None,
+) -> JSON:
+    """The interaction Discord sends when `user` submits the modal `custom_id`, opened from a
+    button of `message`, with `values` (input custom id -> text)."""
+    rows = [
+        {"type": 1, "components": [{"type": 4, "custom_id": key, "value": value}]}
+        for key, value in values.items()
+    ]
+    return {
+        "id": _snowflake(),
+        "application_id": fake.application_id,
+        "type": 5,
+        "token": token or f"interaction-token-{secrets.token_hex(8)}",
+        "version": 1,
+        "guild_id": GUILD_ID,
+        "channel_id": message.channel_id,
+        "member": {"user": {"id": user, "username": f"user{user[-4:]}"}, "roles": []},
+        "message": message.to_api(),
+        "data": {"custom_id": custom_id, "components": rows},
+    }
+
+
+@contextlib.asynccontextmanager
+async def discord_fake() -> AsyncIterator[DiscordFake]:
+    """A DiscordFake served by uvicorn on a free 127.0.0.1 port for the block."""
+    fake = DiscordFake()
+    config = uvicorn.Config(fake.app, host="127.0.0.1", port=0, log_level="warning", lifespan="off")
+    server = uvicorn.Server(config)
+    task = asyncio.create_task(server.serve())
+    try:
+        for _ in range(500):  # bounded: at most 5 s
+            if server.started or task.done():
+                break
+            await asyncio.sleep(0.01)
+        assert server.started, "the Discord fake did not start"
+        port = server.servers[0].sockets[0].getsockname()[1]
+        fake.base_url = f"http://127.0.0.1:{port}"
+        yield fake
+    finally:
+        server.should_exit = True
+        await task
