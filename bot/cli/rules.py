@@ -460,6 +460,10 @@ def _plan_lines(plan: ReviewPlan, requested_by: str | None) -> Iterator[str]:
         if plan.slack is not None
         else ("slack: " + not_set.format("slack"))
     )
+    if plan.teams is not None:  # each shown only when the file has it (a newer chat)
+        yield f"teams: {', '.join(plan.teams) or 'nowhere'}"
+    if plan.discord is not None:
+        yield f"discord: {', '.join(plan.discord) or 'nowhere'}"
     yield (
         f"email: {', '.join(plan.email) or 'nobody'}"
         if plan.email is not None

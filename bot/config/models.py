@@ -293,8 +293,9 @@ class DiscordConfig(ConfigModel):
     bot_token: Secret
     """The bot's token, written as `${DISCORD_BOT_TOKEN}`: it posts and edits the messages."""
     channels: Annotated[list[Annotated[str, Field(pattern=r"^[0-9]{5,25}$")]], Field(min_length=1)]
-    """The ids of the Discord channels every review is posted to; who may decide it is its
-    rule's say (Discord users are matched to reviewers through `people:`)."""
+    """The ids of the Discord channels a review is posted to when its rule has no `post_to`
+    (a rule with it names its own, `discord:<channel id>`); who may decide it is its rule's
+    say (Discord users are matched to reviewers through `people:`)."""
     api_url: str | None = None
     """The REST API's base URL; by default Discord's own (https://discord.com/api/v10). Set
     it to a local stand-in of Discord to try the bot without a server."""
@@ -308,8 +309,10 @@ class DiscordConfig(ConfigModel):
 
 
 class TeamsConversation(ConfigModel):
-    """A Microsoft Teams conversation every review is posted to (docs: Microsoft Teams setup)."""
+    """A Microsoft Teams conversation reviews are posted to (docs: Microsoft Teams setup)."""
 
+    name: Name | None = None
+    """What a rule's `post_to` calls it (`teams:<name>`); a rule may name it by its id too."""
     conversation: Annotated[str, Field(min_length=1, max_length=512)]
     """Its id: a channel's (19:...@thread.tacv2) or a personal chat's (a:1...), as Teams
     says it in the activities it sends the bot."""
@@ -336,8 +339,9 @@ class TeamsConfig(ConfigModel):
     app_password: Secret
     """The bot's client secret, written as `${TEAMS_APP_PASSWORD}`."""
     post_to: list[TeamsConversation] = Field(default_factory=list)
-    """The conversations every review request is posted to, as an Adaptive Card (Approve,
-    Edit, Deny), each updated once the review is decided."""
+    """The conversations review requests are posted to, as an Adaptive Card (Approve, Edit,
+    Deny), each updated once the review is decided: every one of them for a rule without
+    `post_to`, and those the rule names (`teams:<name or id>`) for a rule with it."""
     openid_url: str = "https://login.botframework.com/v1/.well-known/openidconfiguration"
     """The Bot Framework's OpenID metadata, whose `jwks_uri` lists the keys inbound tokens
     are signed with; change it only to point at a local stand-in of the Bot Framework."""
@@ -348,6 +352,20 @@ class TeamsConfig(ConfigModel):
     """The issuer inbound tokens must name."""
     cache_ttl: Duration = 300
     """How long a Teams user's address (looked up to tell who they are) is kept (default 5m)."""
+
+    @field_validator("post_to")
+    @classmethod
+    def _names(cls, value: list[TeamsConversation]) -> list[TeamsConversation]:
+        found: list[tuple[KeyPath, str]] = []
+        seen: set[str] = set()
+        for index, entry in enumerate(value):
+            for said in sorted({entry.conversation, entry.name or entry.conversation}):
+                if said in seen:
+                    found.append(((index,), f"{said!r} names another conversation already"))
+                seen.add(said)
+        if found:
+            raise problems(*found)
+        return value
 
     @field_validator("openid_url", "token_url")
     @classmethod
@@ -446,9 +464,13 @@ class ReviewPolicy(ConfigModel):
     """Who may decide: Slack users (U..., W...), user groups (S...), channels (#name, C...),
     email addresses, or group:<name> for a reviewer group of this file."""
     post_to: list[PostTarget] | None = None
-    """Where the review request is posted in Slack: channels (#name, C...) and/or `dm` (a
-    direct message to each reviewer). Absent: the reviewers that are channels get it there,
-    and the people (user ids, user groups, addresses) by direct message."""
+    """Where the review request is posted, in every chat: Slack channels (#name, C...)
+    and/or `dm` (a Slack direct message to each reviewer), Teams conversations of
+    `teams.post_to` (`teams:<name or id>`), Discord channels (`discord:<channel id>`); a chat
+    none of whose places is listed gets nothing. Absent: in Slack the reviewers that are
+    channels get it there and the people (user ids, user groups, addresses) by direct
+    message; in Teams every conversation of `teams.post_to`; in Discord every channel of
+    `discord.channels`."""
     allowed_decisions: list[ReviewDecision] = Field(default_factory=_all_decisions)
     """What reviewers may answer: a non-empty subset of approve, edit, deny and respond.
     `respond` (the reviewer's text becomes the call's result for the agent, and the tool does
@@ -1000,7 +1022,7 @@ class Config(ConfigModel):
 
     @model_validator(mode="after")
     def _references(self) -> Config:
-        found = [*self._group_problems(), *self._shadowed_rules()]
+        found = [*self._group_problems(), *self._shadowed_rules(), *self._post_to_problems()]
         if found:
             raise problems(*found)
         return self
@@ -1024,6 +1046,28 @@ class Config(ConfigModel):
                         (*at, "approvals_required"),
                         (f"{required} cannot come from {people} reviewer(s), groups expanded"),
                     )
+
+    def _post_to_problems(self) -> Iterator[tuple[KeyPath, str]]:
+        """A rule's `post_to` may name only chats the bot has, and Teams conversations it
+        knows the connector of (`teams.post_to`, by name or id)."""
+        known: set[str] = set()
+        for entry in self.teams.post_to if self.teams is not None else []:
+            known.add(entry.conversation)
+            if entry.name is not None:
+                known.add(entry.name)
+        for at, rule in self._review_policies():
+            for index, target in enumerate(rule.post_to or []):
+                chat, _, place = target.partition(":")
+                if chat == "teams" and self.teams is None:
+                    yield (*at, "post_to", index), "no teams: section is configured"
+                elif chat == "teams" and place not in known:
+                    names = ", ".join(sorted(known)) or "none"
+                    yield (
+                        (*at, "post_to", index),
+                        f"no conversation of teams.post_to is named {place!r}; known: {names}",
+                    )
+                elif chat == "discord" and self.discord is None:
+                    yield (*at, "post_to", index), "no discord: section is configured"
 
     def _review_policies(self) -> Iterator[tuple[KeyPath, ReviewPolicy]]:
         """The rules and the defaults, each with its place in the file."""

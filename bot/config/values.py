@@ -130,22 +130,39 @@ def normalize_handle(handle: str) -> str:
     return text if _SLACK_USER.fullmatch(text) else text.lower()
 
 
+_TEAMS_TARGET = re.compile(r"teams:[^\s]{1,512}")
+_DISCORD_TARGET = re.compile(r"discord:[0-9]{5,25}")
+
+
 def _post_target(value: object) -> str:
     if value == "dm":
         return "dm"
+    if isinstance(value, str) and (
+        _TEAMS_TARGET.fullmatch(value) or _DISCORD_TARGET.fullmatch(value)
+    ):
+        return value
     try:
         reviewer = parse_reviewer(value)
     except ValueError:
         reviewer = None
     if reviewer is None or reviewer.kind != "slack_channel":
         raise problem(
-            f"expected a Slack channel (#name or C...) or dm, not {shown(value)}"
+            "expected a Slack channel (#name or C...), dm, teams:<a conversation of "
+            f"teams.post_to> or discord:<channel id>, not {shown(value)}"
         ) from None
     return reviewer.text
 
 
 PostTarget: TypeAlias = Annotated[str, PlainValidator(_post_target)]
-"""A Slack channel (`#name` or `C...`) or `dm`."""
+"""Where a review is posted: a Slack channel (`#name` or `C...`), `dm` (Slack direct
+messages to the reviewers), `teams:<name or id>` (a conversation of `teams.post_to`) or
+`discord:<channel id>`."""
+
+
+def chat_of(target: str) -> str:
+    """The chat a `post_to` entry is for: `teams`, `discord`, or `slack` (the rest)."""
+    chat = target.split(":", 1)[0]
+    return chat if chat in ("teams", "discord") else "slack"
 
 
 # --- names and import paths -----------------------------------------------------------------

@@ -1,7 +1,9 @@
 """The Discord channel of the outbox: review requests posted, and edited once decided.
 
-Every review of a call (not a question: see below) is posted to each channel of
-`discord.channels`, one delivery per channel (`discord:channel:<id>`), so each message is
+Every review of a call (not a question: see below) is posted to each channel its rule's
+`post_to` names (`discord:<channel id>`), or to each channel of `discord.channels` when its
+rule has no `post_to` (`discord_places`), one delivery per channel (`discord:channel:<id>`),
+so each message is
 posted once: a delivery's message is kept in its `ref` as soon as Discord answers, each post
 carries a nonce made of the review and the delivery that Discord enforces (a second post with
 it within minutes returns the first message instead of a new one), and an attempt after one
@@ -35,7 +37,7 @@ from nodbot.bot.slack.once import Progress
 from nodbot.core import ApprovalRecord, Delivery, NewDelivery, ToolRegistry
 from nodbot.core.questions import is_question
 
-__all__ = ["MESSAGES_TARGET", "DiscordChannel", "posted_messages"]
+__all__ = ["MESSAGES_TARGET", "DiscordChannel", "discord_places", "posted_messages"]
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +57,19 @@ def posted_messages(deliveries: list[Delivery]) -> set[tuple[str, str]]:
         for message in (delivery.ref or {}).get("messages") or []:
             if isinstance(message, dict):
                 found.add((str(message.get("channel")), str(message.get("id"))))
+    return found
+
+
+def discord_places(config: DiscordConfig, post_to: object) -> list[str]:
+    """The channels a review goes to: those its rule's `post_to` names (`discord:<channel
+    id>`), or every one of `discord.channels` for a rule without it."""
+    if not isinstance(post_to, list):
+        return list(config.channels)
+    found: list[str] = []
+    for target in post_to:
+        chat, _, place = str(target).partition(":")
+        if chat == "discord" and place.isascii() and place.isdigit() and place not in found:
+            found.append(place)
     return found
 
 
@@ -98,11 +113,12 @@ class DiscordChannel:
                     record.approval_id,
                 )
             return []
+        channels = discord_places(self.config, record.request.policy.get("post_to"))
         if stage == "outcome":
-            return [NewDelivery("outcome", MESSAGES_TARGET)]
+            return [NewDelivery("outcome", MESSAGES_TARGET)] if channels else []
         if stage != "request" or record.decision is not None:
             return []  # decided as it was asked (a rule's decision): nothing to review
-        return [NewDelivery("request", f"{self.name}:channel:{c}") for c in self.config.channels]
+        return [NewDelivery("request", f"{self.name}:channel:{c}") for c in channels]
 
     # --- delivering --------------------------------------------------------------------------
 

@@ -106,6 +106,12 @@ class ReviewPlan:
     remind_every: int | None = None
     """Seconds between reminders to the reviewers who have not acted (when the rule says)."""
     remind_limit: int | None = None
+    teams: list[str] | None = None
+    """The Teams conversations the request is posted to; None when the file has no
+    `teams:`."""
+    discord: list[str] | None = None
+    """The Discord channels the request is posted to; None when the file has no
+    `discord:`."""
 
 
 @dataclass(frozen=True)
@@ -303,11 +309,13 @@ async def _plan(
     config: Config, policy: Mapping[str, Any], rule: ReviewPolicy, requested_by: str | None
 ) -> ReviewPlan:
     """The review's plan, read from the policy the port made for it as the channels read it
-    (`SlackChannel.targets`, `EmailChannel.targets`)."""
+    (`SlackChannel.targets`, `EmailChannel.targets`, and Teams' and Discord's)."""
     # Imported here: the channels' modules bring their clients' packages.
     from nodbot.bot.config import parse_reviewer
+    from nodbot.bot.discord.channel import discord_places
     from nodbot.bot.email.channel import email_addresses
     from nodbot.bot.slack.channel import places
+    from nodbot.bot.teams.channel import teams_places
 
     reviewers = [str(r) for r in policy.get("reviewers", [])]
     parsed = [parse_reviewer(text) for text in reviewers]
@@ -319,10 +327,11 @@ async def _plan(
             if await people.same(requested_by, reviewer):
                 requester_reviews = True
     escalate_to = policy.get("escalate_to")
+    post_to = policy.get("post_to")
     return ReviewPlan(
         reviewers=reviewers,
         reviewers_as_written=[r.text for r in rule.reviewers or []],
-        slack=None if config.slack is None else places(parsed, policy.get("post_to")),
+        slack=None if config.slack is None else places(parsed, post_to),
         email=None if config.email is None else email_addresses(reviewers),
         inbox=True,
         webhooks=[hook.name for hook in config.webhooks if "approval.pending" in hook.events],
@@ -341,6 +350,8 @@ async def _plan(
         # Read when the configuration has them (reminders are a newer key).
         remind_every=getattr(rule, "remind_every", None),
         remind_limit=getattr(rule, "remind_limit", None),
+        teams=None if config.teams is None else teams_places(config.teams, post_to),
+        discord=None if config.discord is None else discord_places(config.discord, post_to),
     )
 
 

@@ -84,7 +84,7 @@ from slack_sdk.http_retry.builtin_async_handlers import (
 from slack_sdk.web.async_client import AsyncWebClient
 
 from nodbot.bot.config import SlackConfig, parse_reviewer
-from nodbot.bot.config.values import Reviewer
+from nodbot.bot.config.values import Reviewer, chat_of
 from nodbot.bot.outbox import (
     DeliveryError,
     Moment,
@@ -211,11 +211,13 @@ def _reviewers(texts: object) -> list[Reviewer]:
 
 
 def places(reviewers: Sequence[Reviewer], post_to: Sequence[str] | None) -> list[str]:
-    """Where a review goes in Slack: `channel:<#name or id>` and `dm:<user, group or email>`."""
+    """Where a review goes in Slack: `channel:<#name or id>` and `dm:<user, group or email>`
+    (the other chats' places in `post_to` are theirs)."""
     people = [f"dm:{r.text}" for r in reviewers if r.kind != "slack_channel" and r.kind != "group"]
     channels = [f"channel:{r.text}" for r in reviewers if r.kind == "slack_channel"]
     found: list[str] = []
-    for target in post_to if post_to is not None else ["dm", *channels]:
+    slack = None if post_to is None else [t for t in post_to if chat_of(t) == "slack"]
+    for target in slack if slack is not None else ["dm", *channels]:
         for place in (
             people if target == "dm" else [target if ":" in target else f"channel:{target}"]
         ):

@@ -1,5 +1,7 @@
-"""The Microsoft Teams channel of the outbox: review requests posted as Adaptive Cards to the
-conversations of `teams.post_to`, and updated once decided.
+"""The Microsoft Teams channel of the outbox: review requests posted as Adaptive Cards, and
+updated once decided. A review goes to the conversations its rule's `post_to` names
+(`teams:<name or id>` of a conversation of `teams.post_to`), or to every conversation of
+`teams.post_to` when its rule has no `post_to` (`teams_places`).
 
 Each conversation is one delivery (`teams:<conversation id>`), so each card is posted once
 however many replicas announce the review: the outbox claims a delivery for one worker at a
@@ -39,6 +41,22 @@ log = logging.getLogger(__name__)
 
 CARDS_TARGET = "teams:cards"
 """The delivery that updates a decided review's cards."""
+
+
+def teams_places(config: TeamsConfig, post_to: object) -> list[str]:
+    """The conversations a review goes to: those its rule's `post_to` names (`teams:<name or
+    id>` of `teams.post_to`), or every one of `teams.post_to` for a rule without it."""
+    known = [entry.conversation for entry in config.post_to]
+    if not isinstance(post_to, list):
+        return known
+    named = {entry.name: entry.conversation for entry in config.post_to if entry.name}
+    found: list[str] = []
+    for target in post_to:
+        chat, _, place = str(target).partition(":")
+        conversation = named.get(place, place) if chat == "teams" else None
+        if conversation in known and conversation not in found:
+            found.append(conversation)
+    return found
 
 
 class TeamsChannel:
@@ -83,12 +101,10 @@ class TeamsChannel:
                     record.approval_id,
                 )
             return []
+        places = teams_places(self.config, record.request.policy.get("post_to"))
         if stage == "outcome":
-            return [NewDelivery("outcome", CARDS_TARGET)]
-        return [
-            NewDelivery("request", f"{self.name}:{conversation}")
-            for conversation in self._service_urls
-        ]
+            return [NewDelivery("outcome", CARDS_TARGET)] if places else []
+        return [NewDelivery("request", f"{self.name}:{conversation}") for conversation in places]
 
     # --- delivering --------------------------------------------------------------------------
 
