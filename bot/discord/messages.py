@@ -22,6 +22,7 @@ from typing import Any, Literal
 import jinja2
 
 from nodbot.bot.forms import EditField
+from nodbot.bot.slack.messages import decided_verb
 from nodbot.core import ApprovalRecord
 
 __all__ = [
@@ -129,15 +130,7 @@ def decided_message(record: ApprovalRecord, *, page: str | None) -> dict[str, An
     decision, request = record.decision, record.request
     if decision is None:
         raise ValueError(f"approval {record.approval_id} is not decided")
-    verb = (
-        "Answered"
-        if decision.response is not None
-        else "Denied"
-        if not decision.approved
-        else "Edited and approved"
-        if decision.edited_args
-        else "Approved"
-    )
+    verb = decided_verb(decision)
     return _render(
         "decided.json.j2",
         verb=verb,

@@ -29,7 +29,7 @@ import jinja2
 from nodbot.bot.forms import EditField
 from nodbot.bot.policy.remember import scope_of
 from nodbot.bot.slack.text import clip, code, escape, plain, shown_value
-from nodbot.core import ApprovalRecord
+from nodbot.core import ApprovalRecord, Decision
 from nodbot.core.decisions import MAX_RESPONSE
 
 __all__ = [
@@ -45,6 +45,7 @@ __all__ = [
     "Rendered",
     "answer_text",
     "decided_message",
+    "decided_verb",
     "deny_modal",
     "edit_modal",
     "for_how_long",
@@ -120,6 +121,16 @@ def inbox_page(public_url: str | None, approval_id: str) -> str | None:
     if public_url is None:
         return None
     return f"{public_url.rstrip('/')}/inbox/approvals/{quote(approval_id, safe='')}"
+
+
+def decided_verb(decision: Decision) -> str:
+    """What a decided review became, as every chat's message says it (Slack, Teams,
+    Discord): Answered, Denied, Edited and approved, Approved."""
+    if decision.response is not None:
+        return "Answered"
+    if not decision.approved:
+        return "Denied"
+    return "Edited and approved" if decision.edited_args else "Approved"
 
 
 def link(url: str, label: str) -> str:
@@ -284,15 +295,7 @@ def decided_message(
     arguments, _ = _arguments(record)
     if decision is None:
         raise ValueError(f"approval {record.approval_id} is not decided")
-    verb = (
-        "Answered"
-        if decision.response is not None
-        else "Denied"
-        if not decision.approved
-        else "Edited and approved"
-        if decision.edited_args
-        else "Approved"
-    )
+    verb = decided_verb(decision)
     moment = when(record.decided_at) if record.decided_at is not None else "just now"
     outcome = f"*{verb}* by {who(decision.decided_by)}, {moment}"
     if remembered_until is not None:

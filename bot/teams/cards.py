@@ -18,6 +18,7 @@ from typing import Any
 import jinja2
 
 from nodbot.bot.forms import MAX_REASON, EditField, shown
+from nodbot.bot.slack.messages import decided_verb
 from nodbot.core import ApprovalRecord
 from nodbot.core.store import TIMEOUT_DECIDER
 
@@ -109,15 +110,7 @@ def decided_card(record: ApprovalRecord) -> dict[str, Any]:
     decision = record.decision
     if decision is None:
         raise ValueError(f"approval {record.approval_id} is not decided")
-    verb = (
-        "Answered"
-        if decision.response is not None
-        else "Denied"
-        if not decision.approved
-        else "Edited and approved"
-        if decision.edited_args
-        else "Approved"
-    )
+    verb = decided_verb(decision)
     by = decision.decided_by or "someone"
     moment = _when(record.decided_at) if record.decided_at is not None else "just now"
     outcome = (
