@@ -125,10 +125,12 @@ class Decider:
         who: str,
         reason: str | None = None,
         evidence: Mapping[str, Any] | None = None,
+        response: str | None = None,
     ) -> list[ItemOutcome]:
-        """Approve (or deny) each review of `approval_ids` as `who`, in order; one outcome
-        each. Raises `ValueError` (with `bulk_problem`'s reason) for a list that is not
-        accepted, before anything is recorded, and `StoreError` when the store fails."""
+        """Approve (or deny, or answer with `response`) each review of `approval_ids` as
+        `who`, in order; one outcome each. Raises `ValueError` (with `bulk_problem`'s reason)
+        for a list that is not accepted, before anything is recorded, and `StoreError` when
+        the store fails."""
         problem = bulk_problem(approval_ids)
         if problem is not None:
             raise ValueError(problem)
@@ -136,7 +138,9 @@ class Decider:
         try:
             for approval_id in approval_ids:
                 outcomes.append(
-                    await self._decide(approval_id, approved, who, reason, dict(evidence or {}))
+                    await self._decide(
+                        approval_id, approved, who, reason, dict(evidence or {}), response
+                    )
                 )
         finally:
             if self.on_decided is not None and any(o.ok for o in outcomes):
@@ -160,10 +164,17 @@ class Decider:
         who: str,
         reason: str | None = None,
         evidence: Mapping[str, Any] | None = None,
+        response: str | None = None,
     ) -> ItemOutcome:
-        """Approve (or deny) one review as `who`: a bulk act of one."""
+        """Approve (or deny) one review as `who`: a bulk act of one; with `response` (and
+        `approved` False), answer it in the tool's place (a question's answer)."""
         [outcome] = await self.decide_many(
-            [approval_id], approved=approved, who=who, reason=reason, evidence=evidence
+            [approval_id],
+            approved=approved,
+            who=who,
+            reason=reason,
+            evidence=evidence,
+            response=response,
         )
         return outcome
 
@@ -174,12 +185,13 @@ class Decider:
         who: str,
         reason: str | None,
         evidence: dict[str, Any],
+        response: str | None = None,
     ) -> ItemOutcome:
         try:
             record = await self.store.get(approval_id)
         except ApprovalNotFound:
             return ItemOutcome(approval_id, "not_found", "no approval has this id")
-        decision = Decision(approved=approved, reason=reason, decided_by=who)
+        decision = Decision(approved=approved, reason=reason, response=response, decided_by=who)
         if record.decision is not None:
             # Said before the policy is asked, which would refuse it as decided and record
             # that refusal for nothing. Who decided is told to a decider who may not have: the

@@ -9,8 +9,12 @@ a short view of the arguments (escaped, cut), and the buttons they may use. At m
 reviews are listed (a Home view holds 100 blocks); past that, the Home says how many more wait
 in the inbox. Only the newest `SCAN` pending reviews are looked through. A question
 (`core.questions`) is listed as one (`bot.slack.questions.question_summary`: the question, its
-choices, how to answer it), with Decline in place of Deny and no Approve: it is answered with
-the buttons of its message, or in the inbox.
+choices, how to answer it), with Decline in place of Deny and no Approve, and for whoever may
+decline it a way to answer it here: a button per choice (`nodbot.home.answer.<i>`, valued
+`<approval id>:<i>`; the answer is the question's own choice of that index, never the
+button's text), at most `HOME_CHOICES` of them (a question with more is answered with the
+buttons of its message, or in the inbox), or Answer and the answer modal for a question
+without choices. An answer goes through the same `Decider` as a decline, as a respond.
 
 A Home button is not on a review's message, so it is not bound to one (the binding of a
 message's buttons, `bot.slack.reviews`, stays as it is: the Home's buttons have action ids of
@@ -58,14 +62,19 @@ from nodbot.bot.forms import reason_too_long
 from nodbot.bot.policy.authorize import AuthorizeDecision
 from nodbot.bot.slack.channel import SlackChannel
 from nodbot.bot.slack.messages import ACTION_OPEN, deny_modal, inbox_page, link, when, who
-from nodbot.bot.slack.questions import decline_modal, question_summary
-from nodbot.bot.slack.text import clip, code, escape, shown_value
+from nodbot.bot.slack.questions import answer_modal, chosen, decline_modal, question_summary
+from nodbot.bot.slack.text import clip, code, escape, plain, shown_value
 from nodbot.core import ApprovalNotFound, ApprovalRecord, Decision, StoreError
-from nodbot.core.questions import is_question
+from nodbot.core.decisions import response_problem
+from nodbot.core.questions import is_question, question_of
 
 __all__ = [
+    "ACTION_HOME_ANSWER",
     "ACTION_HOME_APPROVE",
+    "ACTION_HOME_CHOICE",
     "ACTION_HOME_DENY",
+    "HOME_ANSWER_CALLBACK",
+    "HOME_CHOICES",
     "HOME_DENY_CALLBACK",
     "NOTICE_FOR",
     "SCAN",
@@ -91,6 +100,16 @@ ACTION_HOME_APPROVE = "nodbot.home.approve"
 ACTION_HOME_DENY = "nodbot.home.deny"
 HOME_DENY_CALLBACK = "nodbot.home.deny"
 """The Deny modal opened from the Home."""
+ACTION_HOME_CHOICE = re.compile(r"\Anodbot\.home\.answer\.(?P<index>[0-9]{1,2})\Z")
+"""The action ids of a question's choice buttons on the Home (`nodbot.home.answer.<i>`),
+each valued `<approval id>:<i>` as a message's are (`bot.slack.questions.chosen`)."""
+ACTION_HOME_ANSWER = "nodbot.home.answer"
+"""Answer, on the Home, for a question without choices: it opens the answer modal."""
+HOME_ANSWER_CALLBACK = "nodbot.home.answer"
+"""The answer modal opened from the Home."""
+HOME_CHOICES = 5
+"""The most choices a question on the Home offers as buttons; a question with more is
+answered with the buttons of its message, or in the inbox."""
 
 SHOWN = 25
 """The most reviews a Home lists: 3 blocks each, within a view's 100."""
@@ -121,7 +140,12 @@ _templates = jinja2.Environment(
     keep_trailing_newline=False,
 )
 
-ACTIONS = {"approve": ACTION_HOME_APPROVE, "deny": ACTION_HOME_DENY, "open": ACTION_OPEN}
+ACTIONS = {
+    "approve": ACTION_HOME_APPROVE,
+    "deny": ACTION_HOME_DENY,
+    "open": ACTION_OPEN,
+    "answer": ACTION_HOME_ANSWER,
+}
 """The action ids of a review's buttons (templates/slack/_review_buttons.j2)."""
 
 
@@ -194,12 +218,31 @@ def review_item(
     waiting: Waiting, index: int, *, public_url: str | None, destructive: bool
 ) -> dict[str, Any]:
     """The template values of one review with its buttons (`_review_buttons.j2`). A question
-    has no Approve, and its Deny says "Decline": it is answered with the buttons of its
-    message (or in the inbox)."""
+    has no Approve, and its Deny says "Decline"; whoever may decline it may answer it: a
+    button per choice (at most `HOME_CHOICES`; with more, it is answered with the buttons of
+    its message or in the inbox), or Answer for a question without choices."""
     record = waiting.record
     tool = escape(clip(record.request.tool, 200))
     question = is_question(record.request)
+    asked = question_of(record.request) if question else None
+    allowed = record.request.policy.get("allowed_decisions") or ["respond", "deny"]
+    answers: list[dict[str, str]] = []
+    answer = False
+    if asked is not None and waiting.deny and "respond" in allowed:
+        if asked.choices is None:
+            answer = True
+        elif len(asked.choices) <= HOME_CHOICES:
+            answers = [
+                {
+                    "action_id": f"nodbot.home.answer.{index}",
+                    "label": plain(choice, 75),
+                    "value": f"{record.approval_id}:{index}",
+                }
+                for index, choice in enumerate(asked.choices)
+            ]
     return {
+        "answers": answers,
+        "answer": answer,
         "approval_id": record.approval_id,
         "block_id": f"nodbot.review.{index}",
         "tool": tool,
@@ -264,9 +307,12 @@ def outcome_text(outcome: ItemOutcome, *, approved: bool) -> str:
     """What became of a decision made on the Home or with `/nodbot`, in mrkdwn."""
     record = outcome.record
     counted = record is not None and record.decision is None and outcome.ok
+    decision = None if record is None else record.decision
+    answer = None if decision is None else decision.response
     return render_text(
         "outcome.txt.j2",
         question=record is not None and is_question(record.request),
+        answer=None if answer is None else escape(clip(answer, 500)),
         status=outcome.status,
         approved=approved,
         counted=counted,
@@ -311,6 +357,9 @@ class SlackHome:
         app.action(ACTION_HOME_APPROVE)(self._approve)
         app.action(ACTION_HOME_DENY)(self._deny)
         app.view(HOME_DENY_CALLBACK)(self._deny_submitted)
+        app.action(ACTION_HOME_CHOICE)(self._choice)
+        app.action(ACTION_HOME_ANSWER)(self._answer_form)
+        app.view(HOME_ANSWER_CALLBACK)(self._answer_submitted)
         self.channel.watchers.append(self)
 
     @property
@@ -498,8 +547,87 @@ class SlackHome:
         if press.via == "app home":
             await self.publish(press.user, outcome_text(outcome, approved=False))
 
+    async def _choice(self, ack: AsyncAck, body: dict[str, Any], respond: AsyncRespond) -> None:
+        """A question's choice button: the answer is the question's own choice of that
+        index (never the button's text); a click that names none is answered as such."""
+        await ack()
+        press = _Press.of(body)
+        action = (body.get("actions") or [{}])[0]
+        named = chosen(str(action.get("action_id") or ""), press.approval_id, ACTION_HOME_CHOICE)
+        if named is None:
+            outcome = ItemOutcome(press.approval_id, "invalid", "the button names no choice")
+        else:
+            press.approval_id, index = named
+            outcome = await self._answer_choice(press, index)
+        await self._answer(press, outcome, respond, approved=False)
+
+    async def _answer_choice(self, press: _Press, index: int) -> ItemOutcome:
+        if not _APPROVAL_ID.fullmatch(press.approval_id):
+            return ItemOutcome(press.approval_id, "not_found", "no approval has this id")
+        try:
+            record = await self.channel.store.get(press.approval_id)
+        except ApprovalNotFound:
+            return ItemOutcome(press.approval_id, "not_found", "no approval has this id")
+        except StoreError:
+            return ItemOutcome(
+                press.approval_id, "invalid", "the bot's store cannot be used now; try again"
+            )
+        asked = question_of(record.request)
+        if asked is None or asked.choices is None or not 0 <= index < len(asked.choices):
+            return ItemOutcome(press.approval_id, "invalid", "that is not one of its choices")
+        return await self._decide(press, approved=False, response=asked.choices[index])
+
+    async def _answer_form(
+        self, ack: AsyncAck, body: dict[str, Any], respond: AsyncRespond
+    ) -> None:
+        """Answer, for a question without choices: the answer modal (its submission answers)."""
+        await ack()
+        press = _Press.of(body)
+        try:
+            record = await self.channel.store.get(press.approval_id)
+        except (ApprovalNotFound, StoreError):
+            record = None
+        if record is None or record.decision is not None or not is_question(record.request):
+            outcome = ItemOutcome(press.approval_id, "invalid", "it waits for no answer")
+            await self._answer(press, outcome, respond, approved=False)
+            return
+        metadata = json.dumps({"approval_id": record.approval_id, "via": press.via})
+        view = {
+            **answer_modal(record),
+            "callback_id": HOME_ANSWER_CALLBACK,
+            "private_metadata": metadata,
+        }
+        try:
+            await self.channel.client.views_open(trigger_id=press.trigger_id, view=view)
+        except SlackApiError as exc:
+            log.warning("the Answer modal was not opened: %s", exc.response.get("error"))
+
+    async def _answer_submitted(
+        self, ack: AsyncAck, body: dict[str, Any], view: dict[str, Any]
+    ) -> None:
+        values = view.get("state", {}).get("values", {})
+        text = (values.get("answer", {}).get("value", {}) or {}).get("value") or ""
+        press = _Press.of_view(body, view)
+        problem = response_problem(text) if text.strip() else "an answer is needed"
+        if problem is not None:
+            await ack(response_action="errors", errors={"answer": clip(problem, 150)})
+            return
+        outcome = await self._decide(press, approved=False, response=text.strip())
+        if not outcome.ok:  # the modal stays open, saying why
+            text = outcome_text(outcome, approved=False)
+            await ack(response_action="errors", errors={"answer": clip(text, 150)})
+            return
+        await ack()
+        if press.via == "app home":
+            await self.publish(press.user, outcome_text(outcome, approved=False))
+
     async def _decide(
-        self, press: _Press, *, approved: bool, reason: str | None = None
+        self,
+        press: _Press,
+        *,
+        approved: bool,
+        reason: str | None = None,
+        response: str | None = None,
     ) -> ItemOutcome:
         """The decision through the Decider; an id that is not one is not looked up."""
         if not _APPROVAL_ID.fullmatch(press.approval_id):
@@ -511,6 +639,7 @@ class SlackHome:
                 who=press.user,
                 reason=reason,
                 evidence=press.evidence,
+                response=response,
             )
         except StoreError as exc:
             log.warning("a decision from Slack (%s) could not be recorded: %s", press.via, exc)

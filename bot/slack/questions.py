@@ -110,12 +110,15 @@ def choice_value(approval_id: str, index: int) -> str:
     return f"{approval_id}:{index}"
 
 
-def chosen(action_id: str, value: str) -> tuple[str, int] | None:
+def chosen(
+    action_id: str, value: str, pattern: re.Pattern[str] = ACTION_CHOICE
+) -> tuple[str, int] | None:
     """The review and the choice (its index, from 0) a choice button's click names; None when
-    the action id is not a choice button's, the value is not `<approval id>:<index>` (or is
-    longer than `MAX_VALUE`), or the two disagree on the index. Whether the index is one of
-    the question's is for the caller to check, against the question."""
-    found = ACTION_CHOICE.fullmatch(action_id)
+    the action id is not a choice button's (`pattern`: a message's by default, the App
+    Home's have their own), the value is not `<approval id>:<index>` (or is longer than
+    `MAX_VALUE`), or the two disagree on the index. Whether the index is one of the
+    question's is for the caller to check, against the question."""
+    found = pattern.fullmatch(action_id)
     if found is None or len(value) > MAX_VALUE:
         return None
     approval_id, colon, index = value.rpartition(":")

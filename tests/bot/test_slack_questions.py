@@ -409,6 +409,80 @@ async def test_the_home_and_nodbot_list_questions_as_questions(bot: Bot) -> None
     assert record.decision.decided_by == bot.lead.id
 
 
+async def test_a_question_is_answered_on_the_home_by_its_choice_or_its_answer_form(
+    bot: Bot,
+) -> None:
+    """Whoever may decline a question on their Home may answer it there: a button per choice
+    (the answer is the question's own choice of the button's index), or Answer and its modal
+    for free text; a button that names no choice, or a stranger's click, answers nothing."""
+    run_id, approval_id = await ask(bot, "ship H1")
+    message = await question_posted(bot, approval_id, bot.lead)
+    await bot.slack.open_home(bot.lead)
+    home = await bot.slack.wait_for_home(bot.lead, 1, within=10)
+    assert view_errors(home.view, "home") == []
+    buttons = [
+        (e["action_id"], e["text"]["text"], e.get("value"))
+        for b in home.blocks
+        if b["type"] == "actions"
+        for e in b["elements"]
+    ]
+    assert buttons[:3] == [
+        ("nodbot.home.answer.0", "Leeds", f"{approval_id}:0"),
+        ("nodbot.home.answer.1", "Porto", f"{approval_id}:1"),
+        (ACTION_HOME_DENY, "Decline", approval_id),
+    ]
+    # A click whose value names another choice than its button: nothing is answered.
+    forged = bot.slack.home_click(bot.lead, "nodbot.home.answer.0")
+    forged["actions"][0]["value"] = f"{approval_id}:1"
+    await bot.send(forged)
+    await bot.slack.wait_until(
+        lambda: "the button names no choice" in json.dumps(home.blocks), 10, "the Home saying so"
+    )
+    # A stranger's click (a payload naming a Home the stranger was never shown).
+    stranger = bot.slack.home_click(bot.lead, "nodbot.home.answer.0")
+    stranger["user"] = {**stranger["user"], "id": bot.other.id, "name": bot.other.name}
+    await bot.send(stranger)
+    assert await refused(bot, approval_id, 1) == [(bot.other.id, NOT_ASKED)]
+    assert (await bot.record(approval_id)).decision is None
+
+    await bot.send(bot.slack.home_click(bot.lead, "nodbot.home.answer.1"))
+    record = await bot.decided(approval_id)
+    assert record.decision is not None and record.decision.response == "Porto"
+    assert record.decision.decided_by == bot.lead.id
+    events = await bot.served.service.store.events(approval_id)
+    [decided] = [e for e in events if e.kind == "decided"]
+    assert decided.detail["evidence"]["via"] == "app home"
+    assert (await finished(bot, run_id))["final_text"] is not None
+    await bot.slack.wait_until(
+        lambda: "with “Porto”" in json.dumps(home.blocks, ensure_ascii=False),
+        10,
+        "the Home saying it was answered",
+    )
+    await bot.updated(message)
+    assert actions_of(message) == [] and headers_of(message) == ["Question answered"]
+
+    # Free text: Answer opens the answer modal; a blank answer keeps it open, saying why.
+    _, noted = await ask(bot, "note H2")
+    await question_posted(bot, noted, bot.lead)
+    await bot.slack.open_home(bot.lead)
+
+    def answerable() -> bool:
+        shown = bot.slack.home_view(bot.lead)
+        return shown is not None and f'"value": "{noted}"' in json.dumps(shown.blocks)
+
+    await bot.slack.wait_until(answerable, 10, "the free-text question on the Home")
+    await bot.send(bot.slack.home_click(bot.lead, "nodbot.home.answer", value=noted))
+    view = await bot.modal()
+    assert view.callback_id == "nodbot.home.answer"
+    blank = await bot.send(bot.slack.submit(view, bot.lead, {"answer": {"value": "   "}}))
+    assert blank.json()["errors"] == {"answer": "an answer is needed"}
+    assert (await bot.record(noted)).decision is None
+    done = await bot.send(bot.slack.submit(view, bot.lead, {"answer": {"value": "Fragile"}}))
+    assert done.status_code == 200
+    record = await bot.decided(noted)
+    assert record.decision is not None and record.decision.response == "Fragile"
+
+
 # --- the parts -------------------------------------------------------------------------------
 
 NOW = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
