@@ -1,6 +1,6 @@
 """The Discord channel of the outbox: review requests posted, and edited once decided.
 
-Every review of a call (not a question: see below) is posted to each channel its rule's
+Every review of a call (and every question: see below) is posted to each channel its rule's
 `post_to` names (`discord:<channel id>`), or to each channel of `discord.channels` when its
 rule has no `post_to` (`discord_places`), one delivery per channel (`discord:channel:<id>`),
 so each message is
@@ -16,8 +16,9 @@ Who may decide is the review's rule's say, checked by the interactions endpoint
 (`bot.discord.interactions`) person by person: a Discord user is a reviewer through a
 `people:` entry that names them (`discord:<user id>`) beside a handle the rule lists.
 
-A question (`core.questions`) is not posted to Discord: its reviewers answer it where it
-reaches them (Slack, email, the inbox); this is logged once per question.
+A question (`core.questions`) goes the same way, as a question's message
+(`bot.discord.questions`: its choices as a select menu, or Answer, and Decline), posted to the
+same channels and, once answered, declined or timed out, edited to say how.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ import aiohttp
 from nodbot.bot.config.models import DiscordConfig
 from nodbot.bot.discord.api import DEFAULT_API_URL, DiscordApi, DiscordApiError
 from nodbot.bot.discord.messages import button_of, decided_message, request_message
+from nodbot.bot.discord.questions import question_decided, question_message
 from nodbot.bot.outbox import DeliveryError, Moment, OutboxStore
 from nodbot.bot.slack.messages import inbox_page
 from nodbot.bot.slack.once import Progress
@@ -105,14 +107,6 @@ class DiscordChannel:
     # --- what to deliver ---------------------------------------------------------------------
 
     def targets(self, record: ApprovalRecord, stage: Moment) -> list[NewDelivery]:
-        if is_question(record.request):
-            if stage == "request":
-                log.info(
-                    "question %s is not posted to Discord: it is answered where else it is "
-                    "asked (Slack, email, the inbox)",
-                    record.approval_id,
-                )
-            return []
         channels = discord_places(self.config, record.request.policy.get("post_to"))
         if stage == "outcome":
             return [NewDelivery("outcome", MESSAGES_TARGET)] if channels else []
@@ -189,15 +183,23 @@ class DiscordChannel:
         if any(d.status == "due" for d in posts):
             raise DeliveryError("a request of this review is not posted yet", retry_after=1)
         page = inbox_page(self.public_url, record.approval_id)
-        body = decided_message(record, page=page)
+        if is_question(record.request):
+            body = question_decided(record, page=page)
+        else:
+            body = decided_message(record, page=page)
         messages = sorted(posted_messages(posts))
         for channel, message in messages:
             await self.api.edit_message(channel, message, body)
         return {"updated": len(messages)}
 
     def render(self, record: ApprovalRecord) -> dict[str, Any]:
-        """The review's request message, its buttons those its rule allows."""
+        """The review's request message (a question's own, `bot.discord.questions`), its
+        buttons those its rule allows."""
         policy = record.request.policy
+        page = inbox_page(self.public_url, record.approval_id)
+        if is_question(record.request):
+            asked = policy.get("allowed_decisions") or ["respond", "deny"]
+            return question_message(record, allowed=asked, page=page)
         allowed = policy.get("allowed_decisions") or ["approve", "edit", "deny"]
         checkable = record.request.tool in self.registry or isinstance(policy.get("schema"), dict)
         can_edit = (
@@ -210,7 +212,7 @@ class DiscordChannel:
             record,
             can_edit=can_edit,
             can_deny="deny" in allowed,
-            page=inbox_page(self.public_url, record.approval_id),
+            page=page,
         )
 
     async def close(self) -> None:
@@ -224,7 +226,7 @@ def _nonce(record: ApprovalRecord, delivery: Delivery) -> str:
 
 
 def _reviews_of(message: dict[str, Any]) -> set[str]:
-    """The approval ids a message's buttons name."""
+    """The approval ids a message's components (buttons, a question's select menu) name."""
     found: set[str] = set()
     for row in message.get("components") or []:
         for button in (row.get("components") or []) if isinstance(row, dict) else []:

@@ -1,5 +1,6 @@
 """Decisions made in Discord: the Approve, Edit and Deny buttons of a review's message and
-their forms, sent by Discord to `POST /discord/interactions`.
+their forms, and a question's menu of choices, Answer and Decline buttons and their forms,
+sent by Discord to `POST /discord/interactions`.
 
 Every request is checked first (`bot.discord.signature`: Ed25519 over the timestamp and the
 raw body, against the application's public key); an unsigned, forged or stale one is refused
@@ -26,6 +27,19 @@ goes to the review's events with the clicker's person and the click's evidence; 
 recorded through `Executor.decide` with `decided_by` the clicker's handle, channel `discord`
 and the evidence (user, guild, channel, message, interaction). The outbox then edits the
 review's messages (`bot.discord.channel`).
+
+A question (`core.questions`, its message `bot.discord.questions`) is answered the same way.
+A pick in its menu is answered at once with a deferred update and decided after: the pick's
+value must be the index of one of the question's own choices (`choice_of`), and that choice
+is the answer, so no text a client sends becomes one; any other value is refused, told,
+and records nothing. Answer opens a form for a free-text answer, checked with
+`answer_problem` (needed, bounded, one of the choices when there are some) before anything is
+recorded; Decline opens a form for an optional reason. Each is authorized person by person,
+bound to its message and recorded as a click is, as a respond (`Decision.response`) or a
+deny; `Executor.decide` checks the answer against the choices once more. An Approve, Edit or
+Deny click on a question, or an answer or Decline on a review of a call, is refused and
+recorded (`A_QUESTION`, `NOT_A_QUESTION`); an answer after the first is told how the question
+was closed ("already answered by ...").
 """
 
 from __future__ import annotations
@@ -52,6 +66,8 @@ from nodbot.bot.discord.messages import (
     form_of,
     told,
 )
+from nodbot.bot.discord.questions import answer_modal, choice_of
+from nodbot.bot.discord.questions import decline_modal as question_decline_modal
 from nodbot.bot.discord.signature import NotSigned, Verifier
 from nodbot.bot.forms import EditField, edit_fields, parse_edit, reason_too_long
 from nodbot.bot.http.auth import ApiError
@@ -73,8 +89,8 @@ from nodbot.core import (
     ToolDecision,
     UnknownToolError,
 )
-from nodbot.core.questions import is_question
-from nodbot.core.store import utc_now
+from nodbot.core.questions import answer_of, answer_problem, is_question, question_of
+from nodbot.core.store import TIMEOUT_DECIDER, utc_now
 
 __all__ = ["CHANNEL", "DiscordReviews", "Interaction"]
 
@@ -93,7 +109,14 @@ POSTED_WAIT = 5.0
 Discord answers a post before the outbox records it, and a click may come in between."""
 
 NOT_ITS_MESSAGE = "this button does not belong to this review"
-A_QUESTION = "this is a question: answer it where it was asked of you"
+A_QUESTION = "this is a question: answer it or decline it with the menu and buttons of its message"
+"""The refusal of an Approve, Edit or Deny click on a question (none is posted on one)."""
+NOT_A_QUESTION = "this review is not a question: decide it with the buttons of its message"
+"""The refusal of an answer's or a Decline's click on a review of a call."""
+NOT_A_CHOICE = "that is not one of the question's choices"
+"""A select menu's value that names none of the question's choices (a forged one)."""
+RESPOND_PROBE = "(the answer to come)"
+"""The text of the answer an Answer click asks the rules about: only its kind counts."""
 GONE = "this review no longer exists"
 
 Snowflake = Annotated[str, Field(pattern=r"^[0-9]{1,25}$")]
@@ -129,6 +152,10 @@ class _Data(BaseModel):
     model_config = ConfigDict(extra="ignore", strict=True)
     custom_id: Annotated[str, Field(max_length=100)] = ""
     components: Annotated[list[_Row], Field(max_length=5)] = Field(default_factory=list)
+    values: Annotated[list[Annotated[str, Field(max_length=100)]] | None, Field(max_length=25)] = (
+        None
+    )
+    """The options picked in a select menu (a question's choices); None for a button."""
 
 
 class Interaction(BaseModel):
@@ -254,6 +281,10 @@ class DiscordReviews:
             raise ApiError(400, "the click is not on a button of a review's message")
         action, approval_id = named
         click = _Click(interaction, approval_id, interaction.message.id)
+        values = interaction.data.values
+        if action == "answer" and values is not None:  # a choice picked in the menu
+            self._later(self._choose_later(click, values))
+            return JSONResponse({"type": DEFERRED_UPDATE})
         if action == "approve":
             approval = Decision(approved=True, decided_by=click.user)
             self._later(self._decide_later(click, approval, wait=True))
@@ -266,7 +297,10 @@ class DiscordReviews:
             return _reply(told("refused", why="it could not be checked in time; try again"))
 
     async def _form(self, click: _Click, action: Action) -> Response:
-        """The form of a Deny or Edit click, once the clicker may use it. Raises `_Refused`."""
+        """The form of a Deny, Edit, Answer or Decline click, once the clicker may use it.
+        Raises `_Refused`."""
+        if action in ("answer", "decline"):
+            return await self._question_form(click, action)
         record = await self._bound(click, wait=False)
         probe = Decision(approved=action == "edit", decided_by=click.user)
         await self._allowed(click, record, probe)
@@ -278,6 +312,35 @@ class DiscordReviews:
         if not fields:
             raise _Refused("nothing of this call may be edited here")
         return JSONResponse(edit_modal(record, fields, click.message[1]))
+
+    async def _question_form(self, click: _Click, action: Action) -> Response:
+        """The Answer or Decline form of a question, once the clicker may use it (the rules
+        are asked about an answer whatever its text). Raises `_Refused`."""
+        record = await self._bound(click, wait=False, question=True)
+        if action == "decline":
+            await self._allowed(click, record, Decision(approved=False, decided_by=click.user))
+            return JSONResponse(question_decline_modal(record, click.message[1]))
+        probe = Decision(approved=False, response=RESPOND_PROBE, decided_by=click.user)
+        await self._allowed(click, record, probe)
+        return JSONResponse(answer_modal(record, click.message[1]))
+
+    async def _choose_later(self, click: _Click, values: list[str]) -> None:
+        """After the answer to Discord: the choice picked in a question's menu, looked up in
+        the question itself, checked and recorded as the answer; a value that names none of
+        its choices is refused (told, nothing recorded)."""
+        try:
+            record = await self._bound(click, wait=True, question=True)
+            choice = choice_of(question_of(record.request), values)
+            if choice is None:
+                raise _Refused(NOT_A_CHOICE)
+            answer = Decision(approved=False, response=choice, decided_by=click.user)
+            verdict = await self._allowed(click, record, answer)
+            await self._decide(click, record, answer, verdict)
+        except _Refused as exc:
+            await self._tell(click, told("refused", why=exc.reason))
+        except StoreError as exc:
+            log.warning("a Discord choice on %s was not recorded: %s", click.approval_id, exc)
+            await self._tell(click, told("refused", why="the store failed; try again"))
 
     # --- forms --------------------------------------------------------------------------------
 
@@ -291,14 +354,16 @@ class DiscordReviews:
         if interaction.message is not None and interaction.message.id != message:
             click.message = (click.message[0], "")  # not the message it was opened from
         fields = interaction.fields()
-        if action == "deny":
+        if action in ("deny", "decline"):
             reason = fields.get("reason", "").strip() or None
             problem = reason_too_long(reason)
             if problem is not None:
                 return _reply(told("refused", why=problem))
             denial = Decision(approved=False, reason=reason, decided_by=click.user)
-            self._later(self._decide_later(click, denial, wait=False))
+            self._later(self._decide_later(click, denial, question=action == "decline"))
             return JSONResponse({"type": DEFERRED_UPDATE})
+        if action == "answer":
+            return await self._answered(click, fields.get("answer", ""))
         try:
             record = await self.store.get(approval_id)
         except ApprovalNotFound:
@@ -310,15 +375,34 @@ class DiscordReviews:
         if not parsed.edited:
             return _reply(told("unchanged"))
         edit = ToolDecision(action="edit", arguments=parsed.edited).to_decision(click.user)
-        self._later(self._decide_later(click, edit, wait=False))
+        self._later(self._decide_later(click, edit))
         return JSONResponse({"type": DEFERRED_UPDATE})
 
-    async def _decide_later(self, click: _Click, decision: Decision, *, wait: bool) -> None:
+    async def _answered(self, click: _Click, text: str) -> Response:
+        """An Answer form's submission: a text that cannot be the question's answer (blank,
+        too long, none of its choices) is answered with what is wrong, nothing recorded;
+        otherwise it is decided after the answer to Discord."""
+        try:
+            record = await self.store.get(click.approval_id)
+        except ApprovalNotFound:
+            return _reply(told("refused", why=GONE))
+        if is_question(record.request):
+            problem = answer_problem(record.request, text)
+            if problem is not None:
+                return _reply(told("refused", why=problem))
+        answer = Decision(approved=False, response=text, decided_by=click.user)
+        self._later(self._decide_later(click, answer, question=True))
+        return JSONResponse({"type": DEFERRED_UPDATE})
+
+    async def _decide_later(
+        self, click: _Click, decision: Decision, *, wait: bool = False, question: bool = False
+    ) -> None:
         """After the answer to Discord: the click's decision, checked and recorded; the
         clicker is told when it is not. `wait`: for the message to be recorded (a click may
-        come before the outbox records the post it is on; a form comes after a click)."""
+        come before the outbox records the post it is on; a form comes after a click).
+        `question`: whether the decision is a question's (an answer, a decline)."""
         try:
-            record = await self._bound(click, wait=wait)
+            record = await self._bound(click, wait=wait, question=question)
             verdict = await self._allowed(click, record, decision)
             await self._decide(click, record, decision, verdict)
         except _Refused as exc:
@@ -329,9 +413,11 @@ class DiscordReviews:
 
     # --- shared -------------------------------------------------------------------------------
 
-    async def _bound(self, click: _Click, *, wait: bool) -> ApprovalRecord:
-        """The review the click names, when the click is on one of its messages (a click on
-        another message is recorded on the review it names). Raises `_Refused`."""
+    async def _bound(self, click: _Click, *, wait: bool, question: bool = False) -> ApprovalRecord:
+        """The review the click names, when the click is on one of its messages and is of
+        its kind (`question`: an answer or a decline, for a question; else Approve, Edit or
+        Deny, for a call's review); a click on another message, or of the other kind, is
+        recorded on the review it names. Raises `_Refused`."""
         try:
             record = await self.store.get(click.approval_id)
         except ApprovalNotFound:
@@ -348,8 +434,8 @@ class DiscordReviews:
             if not in_flight or time.monotonic() >= deadline:
                 await self._refuse(click, record, NOT_ITS_MESSAGE)
             await asyncio.sleep(0.1)
-        if is_question(record.request):
-            await self._refuse(click, record, A_QUESTION)
+        if is_question(record.request) != question:
+            await self._refuse(click, record, NOT_A_QUESTION if question else A_QUESTION)
         return record
 
     async def _allowed(self, click: _Click, record: ApprovalRecord, decision: Decision) -> Verdict:
@@ -394,8 +480,7 @@ class DiscordReviews:
                 evidence=verdict.evidence(click.evidence),
             )
         except ApprovalAlreadyDecided as exc:
-            by = exc.decided_by or "someone"
-            raise _Refused(f"this call was already decided by {by}") from None
+            raise _Refused(await self._already(record, exc)) from None
         except ApprovalAlreadyVoted:
             raise _Refused("you have voted on this call already") from None
         except UnknownToolError:
@@ -408,6 +493,22 @@ class DiscordReviews:
             self.on_decided()
         if decided.decision is None:  # a vote of several: say how far it is
             await self._tell(click, told("counted", needed=decided.request.approvals_required))
+
+    async def _already(self, record: ApprovalRecord, exc: ApprovalAlreadyDecided) -> str:
+        """What a clicker whose decision came second is told: for a question, how it was
+        closed (answered, declined, timed out) and by whom."""
+        by = exc.decided_by or "someone"
+        if not is_question(record.request):
+            return f"this call was already decided by {by}"
+        try:
+            record = await self.store.get(record.approval_id)
+        except (ApprovalNotFound, StoreError):
+            return f"this question was already closed by {by}"
+        if answer_of(record) is not None:
+            return f"this question was already answered by {by}"
+        if by == TIMEOUT_DECIDER:
+            return "nobody answered this question before its deadline: it is declined"
+        return f"this question was already declined by {by}"
 
     def _fields(self, record: ApprovalRecord) -> list[EditField]:
         """The edit form's inputs: from the tool's model, or for a tool of another process

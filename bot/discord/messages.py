@@ -4,7 +4,10 @@ A review is one message (`request_message`): the call, why, by when, its argumen
 block, and Approve / Edit / Deny buttons whose `custom_id` is `nodbot:<action>:<approval
 id>`. Once decided, it becomes `decided_message` (no buttons). Edit and Deny open a modal
 (`edit_modal`, `deny_modal`) whose `custom_id` names the review and the message it was opened
-from (`nodbot:<action>-form:<approval id>:<message id>`), checked again on submission.
+from (`nodbot:<action>-form:<approval id>:<message id>`), checked again on submission. A
+question's message (`bot.discord.questions`) uses the same shapes with its own actions:
+`nodbot:answer:<approval id>` (its menu of choices, or its Answer button) and
+`nodbot:decline:<approval id>`, and their forms `nodbot:<answer|decline>-form:...`.
 
 Tool arguments come from a model: everything shown is escaped for Discord's markdown
 (`escape`), argument values are shown in code blocks whose fences cannot be closed early
@@ -34,12 +37,15 @@ __all__ = [
     "edit_modal",
     "escape",
     "form_of",
+    "render",
     "request_message",
     "told",
     "who",
 ]
 
-Action = Literal["approve", "edit", "deny"]
+Action = Literal["approve", "edit", "deny", "answer", "decline"]
+"""What a component does: a review's Approve / Edit / Deny; a question's answer (its select
+menu of choices, or its Answer button) and Decline (`bot.discord.questions`)."""
 
 MAX_CONTENT = 2000
 """Characters of a message's content at most (Discord's limit)."""
@@ -50,8 +56,8 @@ _ZERO_WIDTH = "\u200b"
 _MARKDOWN = re.compile(r"([\\*_~`|>#\-\[\]()<@:!])")
 _APPROVAL = r"[A-Za-z0-9_\-]{1,64}"
 _SNOWFLAKE = r"[0-9]{5,25}"
-_BUTTON = re.compile(rf"nodbot:(approve|edit|deny):({_APPROVAL})")
-_FORM = re.compile(rf"nodbot:(edit|deny)-form:({_APPROVAL}):({_SNOWFLAKE})")
+_BUTTON = re.compile(rf"nodbot:(approve|edit|deny|answer|decline):({_APPROVAL})")
+_FORM = re.compile(rf"nodbot:(edit|deny|answer|decline)-form:({_APPROVAL}):({_SNOWFLAKE})")
 
 _templates = jinja2.Environment(
     loader=jinja2.PackageLoader("nodbot", "templates/discord"),  # package data of `nodbot`
@@ -109,7 +115,7 @@ def request_message(
     request, policy = record.request, record.request.policy
     why = policy.get("description")
     deadline = request.deadline
-    return _render(
+    return render(
         "request.json.j2",
         tool=escape(clip(request.tool, 100)),
         why=escape(clip(why, 300)) if isinstance(why, str) and why else None,
@@ -131,7 +137,7 @@ def decided_message(record: ApprovalRecord, *, page: str | None) -> dict[str, An
     if decision is None:
         raise ValueError(f"approval {record.approval_id} is not decided")
     verb = decided_verb(decision)
-    return _render(
+    return render(
         "decided.json.j2",
         verb=verb,
         tool=escape(clip(request.tool, 100)),
@@ -147,7 +153,7 @@ def decided_message(record: ApprovalRecord, *, page: str | None) -> dict[str, An
 
 def edit_modal(record: ApprovalRecord, fields: list[EditField], message: str) -> dict[str, Any]:
     """The edit form of the review opened from `message` (its first `MAX_FIELDS` inputs)."""
-    return _render(
+    return render(
         "edit_modal.json.j2",
         custom_id=f"nodbot:edit-form:{record.approval_id}:{message}",
         tool=record.request.tool,
@@ -157,7 +163,7 @@ def edit_modal(record: ApprovalRecord, fields: list[EditField], message: str) ->
 
 def deny_modal(record: ApprovalRecord, message: str) -> dict[str, Any]:
     """The deny form (an optional reason) of the review opened from `message`."""
-    return _render(
+    return render(
         "deny_modal.json.j2", custom_id=f"nodbot:deny-form:{record.approval_id}:{message}"
     )
 
@@ -186,7 +192,9 @@ def form_of(custom_id: str) -> tuple[Action, str, str] | None:
     return action, found[2], found[3]
 
 
-def _render(name: str, **values: Any) -> dict[str, Any]:
+def render(name: str, **values: Any) -> dict[str, Any]:
+    """The message or form of template `name` with `values` (already made safe), its content
+    cut to a message's length."""
     rendered: dict[str, Any] = json.loads(_templates.get_template(name).render(**values))
     content = rendered.get("content")
     if isinstance(content, str):

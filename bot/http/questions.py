@@ -10,10 +10,10 @@ The question is stored as `ctx.ask` stores one (`core.questions.question_request
 of the pseudo-tool `ask`, call id `ask_<id>` in the run, its arguments the question. The
 rules put it to the people of the first review rule that covers `ask` (else `defaults:`);
 with nobody to ask it is declined at once, decided by `nodbot:no-rule` with the reason.
-From there it is a review like any other: delivered on Slack, email and the inbox, answered
-(a respond, one of the choices when it has choices) or declined (a deny) by one person, or
-timed out, with its events in the audit chain. `GET /approvals/{id}?wait=N` reads the
-answer once given (`answer`, and `question.state`).
+From there it is a review like any other: delivered on Slack, Teams, Discord, email and the
+inbox, answered (a respond, one of the choices when it has choices) or declined (a deny) by
+one person, or timed out, with its events in the audit chain. `GET /approvals/{id}?wait=N`
+reads the answer once given (`answer`, and `question.state`).
 
 The same question in the same run (the same `id`, or the same text and choices when no id
 is given) is one question: asking it again answers 200 with it as it is now, answered or

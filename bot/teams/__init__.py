@@ -1,2 +1,3 @@
-"""The Microsoft Teams channel: review cards posted through the Bot Framework connector
-(`channel`), and the actions on them taken at `POST /teams/messages` (`reviews`)."""
+"""The Microsoft Teams channel: review cards and question cards (`questions`) posted through
+the Bot Framework connector (`channel`), and the actions on them taken at `POST
+/teams/messages` (`reviews`)."""

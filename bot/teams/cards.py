@@ -1,6 +1,8 @@
 """The Adaptive Cards of the Teams channel (templates in `templates/teams`): a review's
 request (Approve / Edit / Deny as `Action.Execute`), its edit form (inputs typed from the
-tool's schema, as `bot.forms` builds them for every channel), and the decided card.
+tool's schema, as `bot.forms` builds them for every channel), and the decided card. A
+question's cards (`bot.teams.questions`) are built with the `render`, `plain` and `when` of
+this module.
 
 Every value a card shows comes from the call (tool arguments are untrusted), so it is
 clipped and its Adaptive Card markdown escaped (`plain`): what an argument says is shown as
@@ -22,7 +24,15 @@ from nodbot.bot.slack.messages import decided_verb
 from nodbot.core import ApprovalRecord
 from nodbot.core.store import TIMEOUT_DECIDER
 
-__all__ = ["decided_card", "edit_card", "plain", "request_card", "review_card"]
+__all__ = [
+    "decided_card",
+    "edit_card",
+    "plain",
+    "render",
+    "request_card",
+    "review_card",
+    "when",
+]
 
 MAX_VALUE = 1_000
 """The most characters of one value a card shows (the inbox shows the rest)."""
@@ -56,7 +66,8 @@ def _unlisted(found: re.Match[str]) -> str:
     return found[1] + (mark[:-1] + "\\." if mark.endswith(".") else "\\" + mark)
 
 
-def _when(moment: datetime) -> str:
+def when(moment: datetime) -> str:
+    """`moment` as a card shows it."""
     return moment.strftime("%Y-%m-%d %H:%M UTC")
 
 
@@ -68,7 +79,8 @@ def _arguments(arguments: dict[str, Any]) -> list[tuple[str, str]]:
     return found
 
 
-def _render(name: str, **values: Any) -> dict[str, Any]:
+def render(name: str, **values: Any) -> dict[str, Any]:
+    """The card of template `name` (of `templates/teams`), rendered with `values`."""
     card: dict[str, Any] = json.loads(_templates.get_template(name).render(**values))
     return card
 
@@ -87,10 +99,10 @@ def request_card(
     about = [("Asked by", plain(request.requested_by or "unknown", 200))]
     about.append(("Run", plain(request.run_id, 200)))
     if request.deadline is not None:
-        about.append(("Decide by", f"{_when(request.deadline)} (then: {request.on_timeout})"))
+        about.append(("Decide by", f"{when(request.deadline)} (then: {request.on_timeout})"))
     if request.approvals_required > 1:
         about.append(("Approvals needed", str(request.approvals_required)))
-    return _render(
+    return render(
         "request.json.j2",
         approval_id=record.approval_id,
         tool=plain(request.tool, 200),
@@ -112,14 +124,14 @@ def decided_card(record: ApprovalRecord) -> dict[str, Any]:
         raise ValueError(f"approval {record.approval_id} is not decided")
     verb = decided_verb(decision)
     by = decision.decided_by or "someone"
-    moment = _when(record.decided_at) if record.decided_at is not None else "just now"
+    moment = when(record.decided_at) if record.decided_at is not None else "just now"
     outcome = (
         f"Timed out: {verb.lower()}, {moment}"
         if by == TIMEOUT_DECIDER
         else f"{verb} by {plain(by, 200)}, {moment}"
     )
     arguments = {**record.request.arguments, **(decision.edited_args or {})}
-    return _render(
+    return render(
         "decided.json.j2",
         approval_id=record.approval_id,
         tool=plain(record.request.tool, 200),
@@ -135,7 +147,7 @@ def edit_card(
     record: ApprovalRecord, fields: Sequence[EditField], *, error: str | None = None
 ) -> dict[str, Any]:
     """The edit form of the review: an input per field, each with its error."""
-    return _render(
+    return render(
         "edit.json.j2",
         approval_id=record.approval_id,
         tool=plain(record.request.tool, 200),

@@ -13,9 +13,9 @@ a duplicate is better than a lost review. Once the review is decided, from which
 one delivery (`teams:cards`) replaces every card posted for it (PUT of the activity): the
 actions gone, the outcome, who decided and when. A replace can be repeated safely.
 
-A question (`core.questions`) is not posted to Teams: its card would need an answer form that
-this channel does not have; it is logged, and the question reaches its reviewers on the other
-channels (and the web inbox).
+A question (`core.questions`) is posted the same way, to the same conversations, as its own
+card (`bot.teams.questions`: a button per choice, or an answer box, and Decline), replaced
+once it is answered, declined or timed out, from whichever channel.
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ from nodbot.bot.slack.once import Progress
 from nodbot.bot.teams.auth import BotToken
 from nodbot.bot.teams.cards import review_card
 from nodbot.bot.teams.connector import Connector, card_activity
+from nodbot.bot.teams.questions import question_card, question_decided_card
 from nodbot.core import ApprovalRecord, Delivery, NewDelivery, ToolRegistry
 from nodbot.core.questions import is_question
 
@@ -93,14 +94,6 @@ class TeamsChannel:
     def targets(self, record: ApprovalRecord, stage: Moment) -> list[NewDelivery]:
         if not self._service_urls or stage == "answer":
             return []
-        if is_question(record.request):
-            if stage == "request":
-                log.info(
-                    "question %s is not posted to Teams (no answer form there): its reviewers "
-                    "answer it on the other channels or in the web inbox",
-                    record.approval_id,
-                )
-            return []
         places = teams_places(self.config, record.request.policy.get("post_to"))
         if stage == "outcome":
             return [NewDelivery("outcome", CARDS_TARGET)] if places else []
@@ -161,8 +154,16 @@ class TeamsChannel:
         return {"updated": len(cards)}
 
     def card(self, record: ApprovalRecord, *, error: str | None = None) -> dict[str, Any]:
-        """The review's card as it stands (`error`: why the last action was refused)."""
+        """The review's card as it stands (`error`: why the last action was refused); a
+        question's own (`bot.teams.questions`) for a question."""
         policy = record.request.policy
+        if is_question(record.request):
+            if record.decision is not None:
+                return question_decided_card(record)
+            # Answered or declined, nothing else, whatever the policy kept with it says.
+            asked = policy.get("allowed_decisions") or ["respond", "deny"]
+            allowed = [action for action in asked if action in ("respond", "deny")]
+            return question_card(record, allowed=allowed, error=error)
         allowed = policy.get("allowed_decisions") or ["approve", "edit", "deny"]
         tool_known = record.request.tool in self.registry
         # An external tool is edited only when its caller sent the arguments' schema.

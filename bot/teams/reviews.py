@@ -18,6 +18,16 @@ the card for everyone. Deny takes the reason typed on the card; Edit answers wit
 form, typed from the tool's schema (`bot.forms`), whose Save checks and records the edit as
 an approval with edited arguments (errors shown on the form, under their inputs).
 
+A question's card (`bot.teams.questions`) is answered the same way: a choice's button (or the
+list's Answer) names the choice by its index, looked up in the question itself, and records
+it as a respond; a free-text answer is checked (`answer_problem`: needed, bounded) and
+recorded as a respond; Decline records a deny with the reason typed. Each goes through the
+same `Authorizer` (only the question's reviewers answer) and `Executor.decide`, which checks
+the answer against the choices again. A choice the question does not have, an answer or
+decline on a call's card, or an approve, edit or deny on a question's card is refused and
+recorded (`NOT_A_CHOICE`, `NOT_A_QUESTION`, `A_QUESTION`); an action on a question that was
+closed meanwhile is told how ("already answered by ...").
+
 Other activities (messages to the bot, conversation updates) are acknowledged and logged:
 a conversation the bot is added to is logged with its id and service URL, which is what
 `teams.post_to` names.
@@ -46,6 +56,7 @@ from nodbot.bot.teams.auth import TokenCheck, Unverified
 from nodbot.bot.teams.cards import edit_card
 from nodbot.bot.teams.channel import TeamsChannel, cards_of
 from nodbot.bot.teams.connector import CARD, ConnectorError
+from nodbot.bot.teams.questions import QUESTION_VERBS, chosen, question_decided_card
 from nodbot.core import (
     ApprovalAlreadyDecided,
     ApprovalAlreadyVoted,
@@ -59,7 +70,8 @@ from nodbot.core import (
     ToolDecision,
     UnknownToolError,
 )
-from nodbot.core.store import utc_now
+from nodbot.core.questions import answer_of, answer_problem, is_question, question_of
+from nodbot.core.store import TIMEOUT_DECIDER, utc_now
 
 __all__ = ["CHANNEL", "MAX_ACTIVITY", "Action", "TeamsReviews", "parse_action"]
 
@@ -71,11 +83,19 @@ MAX_ACTIVITY = 64 * 1024
 allows a route no more by default)."""
 MAX_FIELD = 512
 """The most characters of an id (conversation, user, activity, review) taken from one."""
-VERBS = frozenset({"approve", "edit", "save", "deny", "refresh"})
+VERBS = frozenset({"approve", "edit", "save", "deny", "refresh", *QUESTION_VERBS})
 NOT_ITS_CARD = "this card does not belong to this review"
 POSTED_WAIT = 5.0
 """How long (seconds) an action waits for the card it is on to be kept (see `_on_its_card`)."""
 WHO_UNKNOWN = "Teams could not say who you are (your address); try again in a moment"
+A_QUESTION = "this is a question: answer it or decline it with the actions of its card"
+"""The refusal of an Approve, Edit or Deny on a question (its card has none)."""
+NOT_A_QUESTION = "this review is not a question: decide it with the actions of its card"
+"""The refusal of an Answer or Decline on a call's review."""
+NOT_A_CHOICE = "this is not one of the question's answers"
+"""The refusal of a choice the question does not have (a forged action)."""
+NOT_PICKED = "pick one of the answers first"
+UNREADABLE_ANSWER = "this question cannot be read, so it cannot be answered: decline it"
 
 
 class Action:
@@ -215,12 +235,21 @@ class TeamsReviews:
         if not await self._on_its_card(action):
             await self._refused(action, record, NOT_ITS_CARD, person=None)
             return _note(NOT_ITS_CARD)
+        question = is_question(record.request)
         if action.verb == "refresh" or record.decision is not None:
+            if question and record.decision is not None and action.verb in QUESTION_VERBS:
+                return question_decided_card(record, note=_closed(record))
             return self.channel.card(record)
         handle = await self._who(action)
         if handle is None:
             await self._refused(action, record, WHO_UNKNOWN, person=None)
             return self.channel.card(record, error=WHO_UNKNOWN)
+        if question != (action.verb in QUESTION_VERBS):
+            refusal = A_QUESTION if question else NOT_A_QUESTION
+            await self._refused(action, record, refusal, person=None, by=handle)
+            return self.channel.card(record, error=refusal)
+        if question:
+            return await self._answer(action, record, handle)
         if action.verb == "approve":
             return await self._decide(action, record, Decision(approved=True, decided_by=handle))
         if action.verb == "deny":
@@ -233,6 +262,35 @@ class TeamsReviews:
         if action.verb == "edit":
             return await self._edit(action, record, handle)
         return await self._save(action, record, handle)
+
+    async def _answer(self, action: Action, record: ApprovalRecord, handle: str) -> dict[str, Any]:
+        """Answer or Decline on a question's card: the respond (the choice its index names,
+        or the text typed) or the deny, checked and recorded as every decision is."""
+        if action.verb == "decline":
+            reason = _text_value(action.data.get("reason")) or None
+            problem = reason_too_long(reason)
+            if problem is not None:
+                return self.channel.card(record, error=problem)
+            decision = Decision(approved=False, reason=reason, decided_by=handle)
+            return await self._decide(action, record, decision)
+        question = question_of(record.request)
+        if question is None:
+            return self.channel.card(record, error=UNREADABLE_ANSWER)
+        if question.choices is not None:
+            picked = action.data.get("choice")
+            if picked is None or picked == "":  # the list's Answer, with nothing picked
+                return self.channel.card(record, error=NOT_PICKED)
+            answer = chosen(question, picked)
+            if answer is None:  # no such choice was offered on the card
+                await self._refused(action, record, NOT_A_CHOICE, person=None, by=handle)
+                return self.channel.card(record, error=NOT_A_CHOICE)
+        else:
+            answer = _text_value(action.data.get("answer"))
+            problem = answer_problem(record.request, answer)
+            if problem is not None:
+                return self.channel.card(record, error=problem)
+        decision = Decision(approved=False, response=answer, decided_by=handle)
+        return await self._decide(action, record, decision)
 
     async def _on_its_card(self, action: Action) -> bool:
         """Whether the action was taken on a card posted for the review it names. The
@@ -360,6 +418,8 @@ class TeamsReviews:
             record = await self.store.get(record.approval_id)
         except ApprovalNotFound:
             return _note("this review no longer exists")
+        if is_question(record.request) and record.decision is not None:
+            return question_decided_card(record, note=_closed(record))
         return self.channel.card(record, error=error)
 
     def _fields(self, record: ApprovalRecord) -> list[EditField]:
@@ -447,6 +507,17 @@ def _with_errors(fields: list[EditField], exc: InvalidArgumentsError) -> list[Ed
         name = re.split(r"[.\[]", str(error.get("field", "")), maxsplit=1)[0]
         errors.setdefault(name, str(error.get("message", "not valid"))[:300])
     return [replace(spec, error=errors.get(spec.name, spec.error)) for spec in fields]
+
+
+def _closed(record: ApprovalRecord) -> str:
+    """What to tell a person whose answer or decline came after the question was closed:
+    how it was closed, and by whom."""
+    by = (record.decision.decided_by if record.decision else None) or "someone"
+    if answer_of(record) is not None:
+        return f"this question was already answered by {by}"
+    if by == TIMEOUT_DECIDER:
+        return "nobody answered this question before its deadline: it is declined"
+    return f"this question was already declined by {by}"
 
 
 def _why(exc: Exception) -> str:

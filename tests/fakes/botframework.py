@@ -191,17 +191,19 @@ class BotFrameworkFake:
         inputs: dict[str, Any] | None = None,
         approval_id: str | None = None,
         shown: dict[str, Any] | None = None,
+        title: str | None = None,
     ) -> dict[str, Any]:
         """The `adaptiveCard/action` invoke Teams sends when `user` takes the action `verb` of
         the card `posted` (as `shown` to them, when the bot answered an action of theirs with
         a card of its own: an edit form), with the card's `inputs` (the data of the action
-        merged with them, as Teams merges them)."""
+        merged with them, as Teams merges them). `title` picks the action among several of
+        the same verb (a question's choices)."""
         member = self.members.get(user, {"id": user})
         data: dict[str, Any] = {}
         card = shown or posted.card
         refresh = (card.get("refresh") or {}).get("action")
         for action in [*card.get("actions", []), *([refresh] if refresh else [])]:
-            if action.get("verb") == verb:
+            if action.get("verb") == verb and title in (None, action.get("title")):
                 data = dict(action.get("data") or {})
         if approval_id is not None:
             data["approval_id"] = approval_id

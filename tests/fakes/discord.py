@@ -15,7 +15,8 @@ read, and fails on demand (`fail_next`).
 
 `Signer` holds a test Ed25519 key: `sign(body)` gives the `X-Signature-Ed25519` and
 `X-Signature-Timestamp` headers of a body, over the timestamp and the body, as Discord
-signs them. `button_click` and `modal_submit` build the interactions Discord sends.
+signs them. `button_click`, `select_choice` (a pick in a select menu) and `modal_submit`
+build the interactions Discord sends.
 """
 
 from __future__ import annotations
@@ -46,6 +47,8 @@ GUILD_ID = "1200000000000000002"
 MAX_CONTENT = 2000
 MAX_CUSTOM_ID = 100
 MAX_NONCE = 25
+MAX_OPTIONS = 25
+MAX_OPTION = 100
 
 
 class Signer:
@@ -89,8 +92,18 @@ class Message:
         return str(self.body.get("content") or "")
 
     @property
+    def options(self) -> list[JSON]:
+        """The options of the message's select menus."""
+        return [
+            dict(option)
+            for row in self.body.get("components") or []
+            for component in row.get("components") or []
+            for option in component.get("options") or []
+        ]
+
+    @property
     def custom_ids(self) -> list[str]:
-        """The custom ids of the message's buttons."""
+        """The custom ids of the message's components (buttons, select menus)."""
         return [
             str(button["custom_id"])
             for row in self.body.get("components") or []
@@ -232,9 +245,32 @@ def _problem(body: Any) -> str | None:
     for row in body.get("components") or []:
         if row.get("type") != 1 or len(row.get("components") or []) > 5:
             return "components: an action row of at most 5 components"
-        for button in row.get("components") or []:
+        components = row.get("components") or []
+        for button in components:
             if len(str(button.get("custom_id") or "")) > MAX_CUSTOM_ID:
                 return "custom_id: must be 100 or fewer in length"
+            if button.get("type") == 3:
+                problem = _select_problem(button, alone=len(components) == 1)
+                if problem is not None:
+                    return problem
+    return None
+
+
+def _select_problem(select: JSON, *, alone: bool) -> str | None:
+    """What Discord would refuse in a string select menu."""
+    options = select.get("options") or []
+    if not alone:
+        return "components: a select menu is alone in its action row"
+    if not 1 <= len(options) <= MAX_OPTIONS:
+        return "options: between 1 and 25"
+    for option in options:
+        label, value = option.get("label"), option.get("value")
+        if not isinstance(label, str) or not 1 <= len(label) <= MAX_OPTION:
+            return "options.label: between 1 and 100 in length"
+        if not isinstance(value, str) or not 1 <= len(value) <= MAX_OPTION:
+            return "options.value: between 1 and 100 in length"
+    if len({option.get("value") for option in options}) != len(options):
+        return "options.value: must be unique"
     return None
 
 
@@ -258,6 +294,22 @@ def button_click(
         "message": message.to_api(),
         "data": {"custom_id": custom_id, "component_type": 2},
     }
+
+
+def select_choice(
+    fake: DiscordFake,
+    message: Message,
+    custom_id: str,
+    values: list[str],
+    *,
+    user: str,
+    token: str | None = None,
+) -> JSON:
+    """The interaction Discord sends when `user` picks `values` (the options' values) in the
+    string select menu `custom_id` of `message`."""
+    interaction = button_click(fake, message, custom_id, user=user, token=token)
+    interaction["data"] = {"custom_id": custom_id, "component_type": 3, "values": list(values)}
+    return interaction
 
 
 def modal_submit(
