@@ -19,6 +19,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
+from nodbot.core.tools import NOT_TEXT, unencodable
+
 __all__ = ["judged_arguments", "schema_errors"]
 
 _TYPES: dict[str, tuple[type, ...]] = {
@@ -39,6 +41,9 @@ take exponential time. A check that runs out counts as a failed one."""
 def schema_errors(schema: dict[str, Any], value: Any) -> list[dict[str, str]]:
     """Each way `value` breaks `schema`, as `{"field", "message"}` (the field a dotted
     path, "" for the whole value); empty when it holds."""
+    fault = unencodable(value)
+    if fault is not None:  # no schema makes it text
+        return [{"field": fault, "message": NOT_TEXT}]
     checking = _Checking(schema)
     return [
         {"field": field, "message": message}

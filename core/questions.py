@@ -45,7 +45,7 @@ from typing import Any
 from nodbot.core.decisions import MAX_RESPONSE
 from nodbot.core.errors import InvalidQuestionError
 from nodbot.core.store import ApprovalRecord, ApprovalRequest
-from nodbot.core.tools import arguments_digest, canonical_json
+from nodbot.core.tools import NOT_TEXT, arguments_digest, canonical_json, unencodable
 
 __all__ = [
     "MAX_CHOICE",
@@ -120,6 +120,8 @@ def make_question(
     characters; a key of other characters, or longer than `MAX_KEY`."""
     if not isinstance(text, str):
         raise _problem("question", f"expected text, not {type(text).__name__}")
+    if unencodable(text) is not None:
+        raise _problem("question", NOT_TEXT)
     if not text.strip():
         raise _problem("question", "it is blank")
     if len(text) > MAX_QUESTION:
@@ -136,6 +138,8 @@ def make_question(
                 raise _problem(f"choices.{index}", "expected non-blank text")
             if len(choice) > MAX_CHOICE or "\n" in choice:
                 raise _problem(f"choices.{index}", f"one line of at most {MAX_CHOICE} characters")
+            if unencodable(choice) is not None:
+                raise _problem(f"choices.{index}", NOT_TEXT)
             texts.append(choice.strip())
         if len({each.casefold() for each in texts}) != len(texts):
             raise _problem("choices", "two choices are the same")

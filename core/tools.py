@@ -29,6 +29,7 @@ from nodbot.core.errors import ConfigurationError, InvalidArgumentsError, Unknow
 from nodbot.core.threads import run_in_thread
 
 __all__ = [
+    "NOT_TEXT",
     "ConfirmRule",
     "Effects",
     "Tool",
@@ -37,6 +38,7 @@ __all__ = [
     "ValidatedArguments",
     "arguments_digest",
     "canonical_json",
+    "unencodable",
 ]
 
 Effects: TypeAlias = Literal["read", "write", "destructive"]
@@ -55,6 +57,40 @@ _CANONICAL = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_asci
 def canonical_json(value: Any) -> str:
     """JSON with sorted keys and no spaces: the same arguments always give the same text."""
     return _CANONICAL.encode(value)
+
+
+NOT_TEXT = "not valid text: it holds a lone surrogate (such as a JSON \\ud800 escape)"
+"""What is wrong with a string that UTF-8 cannot carry (`unencodable`)."""
+
+
+def unencodable(value: Any, path: str = "") -> str | None:
+    """The dotted path (from `path`) of the first string in `value`, a key or a value at any
+    depth of its mappings and lists, that UTF-8 cannot carry: a lone surrogate, which a
+    model's JSON `\\ud800` escape makes and which no store, digest or page can hold. "" for
+    `value` itself; None when every string is text."""
+    if isinstance(value, str):
+        if value.isascii():
+            return None
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            return path
+        return None
+    if isinstance(value, Mapping):
+        for key, item in value.items():
+            where = f"{path}.{key}" if path else str(key)
+            if isinstance(key, str) and unencodable(key) is not None:
+                return path or "(arguments)"
+            found = unencodable(item, where)
+            if found is not None:
+                return found
+        return None
+    if isinstance(value, list | tuple):
+        for index, item in enumerate(value):
+            found = unencodable(item, f"{path}.{index}" if path else str(index))
+            if found is not None:
+                return found
+    return None
 
 
 def arguments_digest(arguments: Mapping[str, Any]) -> str:
@@ -122,6 +158,10 @@ class Tool:
             for name, field in type(instance).model_fields.items()
         }
         canonical = instance.model_dump(mode="json", by_alias=True)
+        fault = unencodable(canonical)
+        if fault is not None:  # before it is digested, stored or shown: none of them can
+            errors = [{"field": fault or "(arguments)", "message": NOT_TEXT}]
+            raise InvalidArgumentsError(tool=self.name, errors=errors, source=source)
         return ValidatedArguments(values=values, canonical=canonical)
 
     def spec(self) -> ToolSpec:
