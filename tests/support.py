@@ -5,9 +5,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import random
+import socket
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
 import pytest
@@ -58,3 +61,34 @@ async def eventually(
         if time.monotonic() >= deadline:
             raise AssertionError(f"{what} did not happen within {within} s")
         await asyncio.sleep(every)
+
+
+def _ephemeral_ports() -> range:
+    """The ports the kernel hands out to outgoing connections and to binds of port 0."""
+    try:
+        text = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text()
+        low, high = (int(n) for n in text.split())
+    except (OSError, ValueError):
+        low, high = 32768, 60999  # Linux's default
+    return range(low, high + 1)
+
+
+def free_port() -> int:
+    """A loopback TCP port free now, for a server a test starts in another process.
+
+    Taken outside the kernel's ephemeral range: a port that binding port 0 gives back is one
+    the next outgoing connection of any process (this one's HTTP and database clients
+    included) may take as its own before the server binds it, and then the server cannot
+    listen ("address already in use")."""
+    ephemeral = _ephemeral_ports()
+    for _ in range(200):
+        port = random.randrange(20000, 65536)
+        if port in ephemeral:
+            continue
+        with socket.socket() as probe:
+            try:
+                probe.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError("no free loopback port outside the ephemeral range")

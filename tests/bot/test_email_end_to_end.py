@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import socket
 import time
 from collections.abc import Callable
 from email.message import EmailMessage
@@ -25,6 +24,7 @@ from tests.bot.processes import nodbot_serve
 from tests.bot.test_email_inbound import TRUSTED, reply
 from tests.bot.test_email_outbound import MailServer, mail_server
 from tests.fakes.imap import ImapServer, dovecot, dovecot_binary
+from tests.support import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 TOKEN = "token-of-the-starter-000000000000"
@@ -61,13 +61,6 @@ email:
       processed_mailbox: Processed
       poll: 1
 """
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
 
 
 async def until(what: str, done: Callable[[], Any], seconds: float = WAIT) -> Any:

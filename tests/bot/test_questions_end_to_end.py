@@ -31,10 +31,11 @@ from nodbot.bot.config import load_config
 from nodbot.bot.web import sign_in_link
 from tests.bot.processes import Running, nodbot_serve
 from tests.bot.test_cli import nodbot
-from tests.bot.test_email_end_to_end import free_port, ledger, until
+from tests.bot.test_email_end_to_end import ledger, until
 from tests.bot.test_email_inbound import TRUSTED, reply
 from tests.bot.test_email_outbound import MailServer, mail_server
 from tests.fakes.slack import Message, SlackFake, User, interactive_request, slack_fake
+from tests.support import free_port
 
 TOKEN = "token-of-the-question-starter-0000"
 HEADERS = {"Authorization": f"Bearer {TOKEN}"}

@@ -25,6 +25,8 @@ from typing import Any
 import httpx
 import pytest
 
+from tests.support import free_port
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -34,13 +36,6 @@ def steps() -> list[str]:
     section = page.split("## Running the bot", 1)[1]
     block = section.split("```sh\n", 1)[1].split("```", 1)[0]
     return [line for line in block.splitlines() if line.strip()]
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
 
 
 def test_the_running_the_bot_steps_work_as_written(tmp_path: Path) -> None:

@@ -33,10 +33,11 @@ from nodbot.bot.policy.rules import rule_refusal
 from nodbot.bot.web import sign_in_link
 from nodbot.core import ApprovalRecord, ApprovalRequest, Decision, arguments_digest
 from tests.bot.processes import Running, nodbot_serve
-from tests.bot.test_email_end_to_end import free_port, ledger, until
+from tests.bot.test_email_end_to_end import ledger, until
 from tests.bot.test_email_inbound import TRUSTED, reply
 from tests.bot.test_email_outbound import MailServer, mail_server
 from tests.fakes.slack import Message, SlackFake, User, interactive_request, slack_fake
+from tests.support import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 TOKEN = "token-of-the-starter-000000000000"

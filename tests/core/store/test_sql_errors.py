@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import socket
 import sqlite3
 from pathlib import Path
 
@@ -14,7 +13,7 @@ from sqlalchemy.ext.asyncio import create_async_engine
 from nodbot.core import ApprovalRequest, StoreSchemaError, StoreUnavailableError, arguments_digest
 from nodbot.core.sqlstore import MIGRATE_COMMAND, SqlApprovalStore, head_revision
 from tests.core.store.conftest import database_url
-from tests.support import postgres_database
+from tests.support import free_port, postgres_database
 
 ROOT = Path(__file__).resolve().parents[3]
 SQL_BACKENDS = ["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)]
@@ -23,12 +22,6 @@ SQL_BACKENDS = ["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)
 def request(call_id: str = "call_1") -> ApprovalRequest:
     arguments = {"to": "a@example.com"}
     return ApprovalRequest("run_1", call_id, "send", arguments, arguments_digest(arguments))
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 async def table_names(url: str) -> set[str]:
