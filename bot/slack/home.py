@@ -516,17 +516,8 @@ class SlackHome:
             outcome = await self._decide(press, approved=False)
             await self._answer(press, outcome, respond, approved=False)
             return
-        metadata = json.dumps({"approval_id": record.approval_id, "via": press.via})
         modal = decline_modal(record) if is_question(record.request) else deny_modal(record)
-        view = {
-            **modal,
-            "callback_id": HOME_DENY_CALLBACK,
-            "private_metadata": metadata,
-        }
-        try:
-            await self.channel.client.views_open(trigger_id=press.trigger_id, view=view)
-        except SlackApiError as exc:
-            log.warning("the Deny modal was not opened: %s", exc.response.get("error"))
+        await self._open(press, record, modal, HOME_DENY_CALLBACK)
 
     async def _deny_submitted(
         self, ack: AsyncAck, body: dict[str, Any], view: dict[str, Any]
@@ -591,16 +582,19 @@ class SlackHome:
             outcome = ItemOutcome(press.approval_id, "invalid", "it waits for no answer")
             await self._answer(press, outcome, respond, approved=False)
             return
+        await self._open(press, record, answer_modal(record), HOME_ANSWER_CALLBACK)
+
+    async def _open(
+        self, press: _Press, record: ApprovalRecord, modal: dict[str, Any], callback: str
+    ) -> None:
+        """Open `modal` for the review, its submission sent to `callback` with the review's
+        id and where it was opened from."""
         metadata = json.dumps({"approval_id": record.approval_id, "via": press.via})
-        view = {
-            **answer_modal(record),
-            "callback_id": HOME_ANSWER_CALLBACK,
-            "private_metadata": metadata,
-        }
+        view = {**modal, "callback_id": callback, "private_metadata": metadata}
         try:
             await self.channel.client.views_open(trigger_id=press.trigger_id, view=view)
         except SlackApiError as exc:
-            log.warning("the Answer modal was not opened: %s", exc.response.get("error"))
+            log.warning("the %s modal was not opened: %s", callback, exc.response.get("error"))
 
     async def _answer_submitted(
         self, ack: AsyncAck, body: dict[str, Any], view: dict[str, Any]
