@@ -737,8 +737,8 @@ class PostgresBackend:
         # This store, as its listeners' rows name it: its decisions notice other stores only.
         self._store = secrets.token_hex(8)
         self._woken: list[Callable[[], None]] = []  # this store's listeners, woken here
-        self._teller = Teller(self._notify, "decided runs")
-        self._run_teller = Teller(self._notify_runs, "runs stopped")
+        self._teller = Teller(self._notifier(DECIDED_CHANNEL), "decided runs")
+        self._run_teller = Teller(self._notifier(RUNS_CHANNEL), "runs stopped")
 
     @classmethod
     async def connect(cls, dsn: str, *, audit_key: str | None = None) -> PostgresBackend:
@@ -787,19 +787,17 @@ class PostgresBackend:
         if any(heard):
             await self._teller.tell(row["run_id"] for row in rows)
 
-    async def _notify(self, run_ids: list[str]) -> None:
-        await self._pool.execute(
-            "SELECT pg_notify($1, run_id) FROM unnest($2::text[]) AS run_id",
-            DECIDED_CHANNEL,
-            run_ids,
-        )
+    def _notifier(self, channel: str) -> Callable[[list[str]], Awaitable[None]]:
+        """What sends, in one statement, a notice on `channel` of each run id it is given."""
 
-    async def _notify_runs(self, run_ids: list[str]) -> None:
-        await self._pool.execute(
-            "SELECT pg_notify($1, run_id) FROM unnest($2::text[]) AS run_id",
-            RUNS_CHANNEL,
-            run_ids,
-        )
+        async def notify(run_ids: list[str]) -> None:
+            await self._pool.execute(
+                "SELECT pg_notify($1, run_id) FROM unnest($2::text[]) AS run_id",
+                channel,
+                run_ids,
+            )
+
+        return notify
 
     async def _one(self, query: str, *arguments: Any) -> Row | None:
         return _row(await self._pool.fetchrow(query, *arguments))

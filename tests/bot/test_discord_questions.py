@@ -38,6 +38,7 @@ from nodbot.core.questions import MAX_CHOICE, MAX_CHOICES, MAX_QUESTION, make_qu
 from nodbot.core.questions import question_request as stored_question
 from nodbot.core.store import TIMEOUT_DECIDER
 from tests.bot.processes import Running, nodbot_serve
+from tests.bot.test_discord_end_to_end import ANA, BOB_TOKEN, CHANNEL, MALLORY
 from tests.bot.test_email_end_to_end import until
 from tests.fakes.discord import (
     DiscordFake,
@@ -177,12 +178,6 @@ def test_the_outcome_says_how_the_question_ended() -> None:
 # --- end to end -----------------------------------------------------------------------------
 
 ASKER = "token-of-the-asking-program-00000"
-BOB_TOKEN = "token-of-bob-the-reviewer-0000000"
-CHANNEL = "1500000000000000005"
-ANA = "1600000000000000006"
-"""A reviewer in Discord: ana@example.com, through `people:`."""
-MALLORY = "1700000000000000007"
-"""In the channel, but no reviewer."""
 
 CONFIG = """
 store: {{url: "sqlite:///{db}"}}

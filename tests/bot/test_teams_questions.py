@@ -47,6 +47,7 @@ from nodbot.core.questions import (
 from nodbot.core.store import TIMEOUT_DECIDER
 from tests.bot.processes import Running, nodbot_serve
 from tests.bot.test_email_end_to_end import ledger, until
+from tests.bot.test_teams_end_to_end import _errors, _verbs
 from tests.fakes.botframework import BotFrameworkFake, Posted, botframework_fake
 
 APP_ID = "00000000-0000-4000-8000-00000000b07b"
@@ -328,18 +329,6 @@ async def desk(tmp_path: Path) -> AsyncIterator[Desk]:
             httpx.AsyncClient(base_url=bot.url, timeout=30) as client,
         ):
             yield Desk(bot, client, bf, tmp_path)
-
-
-def _verbs(card: dict[str, Any]) -> list[str]:
-    return [action["verb"] for action in card.get("actions", [])]
-
-
-def _errors(card: dict[str, Any]) -> list[str]:
-    return [
-        block["text"]
-        for block in card["body"]
-        if block.get("type") == "TextBlock" and block.get("color") == "Attention"
-    ]
 
 
 def _refusals(approval: dict[str, Any]) -> list[tuple[str, str]]:
