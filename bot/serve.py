@@ -52,6 +52,7 @@ from nodbot.bot.web import WebInbox
 from nodbot.bot.webhooks import WebhookChannel
 from nodbot.core import ToolRegistry
 from nodbot.core.outbound import outbound_session
+from nodbot.core.waiting import set_within
 
 __all__ = ["CannotListen", "Served", "serve", "serving"]
 
@@ -344,8 +345,7 @@ async def _listening(listener: MailListener, stop: asyncio.Event) -> None:
     while not stop.is_set():
         if not listener.serving:
             raise OSError(f"the listener on port {listener.port} stopped serving")
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(stop.wait(), LISTENER_LOOK)
+        await set_within(stop, LISTENER_LOOK)
 
 
 def _own_url(listening: socket.socket) -> str:

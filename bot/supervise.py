@@ -19,9 +19,10 @@ supervisor itself is cancelled.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Awaitable, Callable
+
+from nodbot.core.waiting import set_within
 
 __all__ = ["FIRST_RESTART", "MOST_RESTART", "STEADY", "Supervisor"]
 
@@ -99,8 +100,7 @@ class Supervisor:
                 delay,
                 exc_info=None if attempt.cancelled() else attempt.exception(),
             )
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.stop.wait(), delay)
+            await set_within(self.stop, delay)
             if self.stop.is_set():
                 self.down(name, None)
                 return

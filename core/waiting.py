@@ -20,7 +20,7 @@ from collections.abc import Awaitable, Callable
 
 from nodbot.core.store import ApprovalRecord, ApprovalStore
 
-__all__ = ["wait_for_decision"]
+__all__ = ["set_within", "wait_for_decision"]
 
 
 async def wait_for_decision(
@@ -38,8 +38,21 @@ async def wait_for_decision(
             record = await store.get(approval_id)
             if record.decision is not None:
                 return record
-            with contextlib.suppress(TimeoutError):  # a notice, or time to look again
-                await asyncio.wait_for(woken.wait(), poll)
+            await set_within(woken, poll)  # a notice, or time to look again
     finally:
         if unlisten is not None:
             await unlisten()
+
+
+async def set_within(event: asyncio.Event, seconds: float) -> bool:
+    """Until `event` is set or `seconds` pass; whether it is set.
+
+    Every wait of nodbot's own for "this, or at most that long" goes through here, not
+    through `asyncio.wait_for`: on Python 3.11 `wait_for` returns what it awaited when that
+    completes just as the waiting task is cancelled, and the cancel is lost, so a wait its
+    caller gave up on (an `asyncio.timeout` that expired, a request dropped, a task stopped)
+    went on. `asyncio.timeout` keeps the cancel."""
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(seconds):
+            await event.wait()
+    return event.is_set()

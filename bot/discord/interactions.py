@@ -290,7 +290,8 @@ class DiscordReviews:
             self._later(self._decide_later(click, approval, wait=True))
             return JSONResponse({"type": DEFERRED_UPDATE})
         try:
-            return await asyncio.wait_for(self._form(click, action), FORM_WITHIN)
+            async with asyncio.timeout(FORM_WITHIN):
+                return await self._form(click, action)
         except _Refused as exc:
             return _reply(told("refused", why=exc.reason))
         except (TimeoutError, StoreError):

@@ -48,6 +48,7 @@ from nodbot.bot.config.models import ImapConfig
 from nodbot.bot.email.inbound import Inbound
 from nodbot.bot.http.limits import EMAIL_BODY
 from nodbot.core import StoreError
+from nodbot.core.waiting import set_within
 
 __all__ = ["ImapError", "ImapReader"]
 
@@ -101,6 +102,7 @@ class ImapReader:
                 while not stop.is_set():
                     if await self.read_new() == 0:
                         await self._wait(stop)
+                    _keep_cancel()
             except (ImapError, aioimaplib.AioImapException, OSError, TimeoutError) as exc:
                 failures += 1
                 reason = f"{type(exc).__name__}: {exc}".rstrip(": ")
@@ -108,16 +110,14 @@ class ImapReader:
                 log.warning("email mailbox unreadable", extra={"error": reason})
                 await self._disconnect()
                 delay = min(MAX_BACKOFF, 2.0 ** (failures - 1))
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(stop.wait(), delay)
+                await set_within(stop, delay)
             except StoreError as exc:
                 # Left unmarked: read again once the store is back.
                 log.warning(
                     "email reply not processed: the store failed", extra={"error": str(exc)}
                 )
                 await self._disconnect()
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(stop.wait(), 1.0)
+                await set_within(stop, 1.0)
         await self._disconnect()
 
     async def read_new(self) -> int:
@@ -197,7 +197,8 @@ class ImapReader:
         with contextlib.suppress(Exception):
             if imap.has_pending_idle():
                 imap.idle_done()
-            await asyncio.wait_for(imap.logout(), 2)
+            async with asyncio.timeout(2):
+                await imap.logout()
 
     async def _wait(self, stop: asyncio.Event) -> None:
         """Until the server says the mailbox changed, `poll` passes, or `stop` is set."""
@@ -213,14 +214,17 @@ class ImapReader:
             await asyncio.wait({stopping, pushed}, return_when=asyncio.FIRST_COMPLETED)
             pushed.cancel()
             imap.idle_done()
-            await asyncio.wait_for(idle, self.config.timeout)
+            async with asyncio.timeout(self.config.timeout):
+                await idle
         finally:
             stopping.cancel()
 
     # --- commands --------------------------------------------------------------------------
 
     async def _ok(self, command: Any, what: str) -> list[bytes]:
-        response = await asyncio.wait_for(command, self.config.timeout)
+        async with asyncio.timeout(self.config.timeout):
+            response = await command
+        _keep_cancel()
         if response.result != "OK":
             said = b" ".join(bytes(line) for line in response.lines[-1:]).decode(errors="replace")
             raise ImapError(f"{what} was refused: {said}")
@@ -261,6 +265,17 @@ class ImapReader:
     def _problem(self, reason: str | None) -> None:
         if self.on_problem is not None:
             self.on_problem(reason)
+
+
+def _keep_cancel() -> None:
+    """Raise the cancel aioimaplib dropped, if it did. It wraps each command in
+    `asyncio.wait_for`, which on Python 3.11 returns an answer that arrives just as the
+    reader's task is cancelled and loses the cancel; the task still counts it
+    (`Task.cancelling()`, which only an `uncancel` takes back), so a reader that was stopped
+    or killed stops at its next command or turn instead of reading on."""
+    task = asyncio.current_task()
+    if task is not None and task.cancelling():
+        raise asyncio.CancelledError
 
 
 def _keeps_keywords(selected: list[bytes]) -> bool:

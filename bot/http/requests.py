@@ -51,8 +51,6 @@ header. Keys are kept a day at least.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import time
 from collections.abc import Callable
 from dataclasses import replace
@@ -90,6 +88,7 @@ from nodbot.core.approval_tokens import ApprovalToken, token_key
 from nodbot.core.questions import is_question
 from nodbot.core.store import IdempotencyKey, IdempotencyKeyUsed, KeptKey
 from nodbot.core.tools import arguments_digest, canonical_json
+from nodbot.core.waiting import set_within
 
 __all__ = ["MAX_SCHEMA_BYTES", "request_routes"]
 
@@ -247,8 +246,7 @@ async def wait_for_decision(
         if record.decision is not None or left <= 0:
             return record
         # Woken by this bot's decisions; another replica's are seen within a poll interval.
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(decided.wait(), min(left, service.poll))
+        await set_within(decided, min(left, service.poll))
 
 
 async def asked_once(

@@ -27,8 +27,6 @@ its own.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import time
 from datetime import datetime
 from typing import Annotated, Any, Literal
@@ -45,6 +43,7 @@ from nodbot.bot.policy.people import People
 from nodbot.bot.service import BotService, UnknownAgentError
 from nodbot.core import ApprovalRecord, RunNotFound, RunRecord, RunStatus, ToolMessage
 from nodbot.core.store import IdempotencyKey, IdempotencyKeyUsed, KeptKey
+from nodbot.core.waiting import set_within
 
 __all__ = ["MAX_WAIT", "RunBody", "RunQuery", "RunView", "ToolResultView", "run_routes"]
 
@@ -151,8 +150,7 @@ def run_routes(service: BotService, tokens: TokenTable) -> list[Route]:
                 return json_response(view)
             # Woken when this bot moves the run on, or when another replica saves it stopped
             # (the database's notice of it); anything else is seen within a poll interval.
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(changed.wait(), min(left, service.poll))
+            await set_within(changed, min(left, service.poll))
             # A run the step ended is shown as it saved it, not read again: it changes no more.
             if changed.run is not None and changed.run.status in ("finished", "failed"):
                 ended = changed.run

@@ -159,7 +159,8 @@ class Listener(Listening):
         finally:
             if not connection.is_closed():
                 with contextlib.suppress(Exception):  # a row left is cleared by the next one
-                    await asyncio.wait_for(connection.execute(_UNREGISTER), UNREGISTER_TIMEOUT)
+                    async with asyncio.timeout(UNREGISTER_TIMEOUT):
+                        await connection.execute(_UNREGISTER)
             await _close(connection)
 
     async def _reconnect(self) -> asyncpg.Connection:
@@ -182,7 +183,8 @@ async def _close(connection: asyncpg.Connection) -> None:
     if connection.is_closed():
         return
     try:
-        await asyncio.wait_for(connection.close(), 2)
+        async with asyncio.timeout(2):
+            await connection.close()
     except Exception:  # closing a connection that broke: let it go without a goodbye
         connection.terminate()
 

@@ -310,6 +310,7 @@ class GuardedPool:
                 waiter.set_exception(PoolClosed("the store's connection pool is closed"))
         for connection in idle:
             try:
-                await asyncio.wait_for(connection.close(), timeout=5)
+                async with asyncio.timeout(5):
+                    await connection.close()
             except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError):
                 connection.terminate()

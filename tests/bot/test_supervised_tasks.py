@@ -10,10 +10,14 @@ import asyncio
 import contextlib
 from pathlib import Path
 
+import aioimaplib
 import aiosmtplib
 import pytest
 
 from nodbot.bot.config import load_agents, load_config
+from nodbot.bot.config.models import ImapConfig
+from nodbot.bot.email.imap import ImapReader
+from nodbot.bot.email.inbound import Inbound
 from nodbot.bot.service import BotService, WorkerHealth
 from nodbot.bot.supervise import Supervisor
 from nodbot.core import Decision, SqlApprovalStore
@@ -112,6 +116,30 @@ async def test_the_imap_reader_killed_is_reported_then_reads_again(tmp_path: Pat
             return False
 
         await eventually(decided, "the reply read by the restarted reader decided")
+
+
+async def test_the_imap_reader_killed_as_an_answer_arrives_stops() -> None:
+    """aioimaplib wraps each command in `asyncio.wait_for`, which on Python 3.11 returns an
+    answer that arrives as the task is cancelled and loses the cancel. The reader killed at
+    any loop turn after a server's answer, up to the command's return, still stops there (on
+    CI it read on, and the kill of the test above was never seen). The command stands for
+    aioimaplib's."""
+    reader = ImapReader(Inbound.__new__(Inbound), ImapConfig(host="127.0.0.1", tls="none"))
+    turns = 0
+    while True:
+        answer: asyncio.Future[aioimaplib.Response] = asyncio.get_running_loop().create_future()
+        reading = asyncio.create_task(reader._ok(asyncio.wait_for(answer, 60), "NOOP"))
+        await asyncio.sleep(0)  # the command sent, its answer awaited
+        answer.set_result(aioimaplib.Response("OK", [b"NOOP completed"]))
+        for _ in range(turns):
+            await asyncio.sleep(0)
+        if not reading.cancel():
+            break  # it returned before this kill: every earlier moment was tried
+        done, _ = await asyncio.wait({reading}, timeout=5)
+        assert done and reading.cancelled(), f"killed {turns} turns after the answer"
+        turns += 1
+    assert reading.result() == [b"NOOP completed"]
+    assert turns >= 2  # the answer's turn and the command's return are two moments at least
 
 
 @pytest.mark.postgres
