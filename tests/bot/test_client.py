@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
 import sys
 import uuid
 from collections.abc import Callable
@@ -26,6 +25,7 @@ from nodbot.core.errors import ApprovalDenied, InvalidArgumentsError
 from nodbot.core.tools import arguments_digest
 from tests.bot.processes import nodbot_serve
 from tests.bridges.support import AGENT_TOKEN, REVIEWER, REVIEWER_TOKEN, Bridged, bridged_bot
+from tests.support import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 ORDER = {"order_id": "o-7", "amount": 500}
@@ -265,9 +265,9 @@ async def test_a_wrong_token_and_an_unreachable_bot_are_client_errors(
                 await async_refund(wrong, ran, run_id)("o-7", 500)
         assert no.value.status == 401
         assert await bot.pending() == []
-    with socket.socket() as free:  # a loopback port nobody listens on
-        free.bind(("127.0.0.1", 0))
-        port = free.getsockname()[1]
+    # A loopback port nobody listens on, outside the ephemeral range: a port there could be
+    # the client's own local port, and a connection to itself would be answered.
+    port = free_port()
     async with ApprovalClient(f"http://127.0.0.1:{port}", token=AGENT_TOKEN) as away:
         with pytest.raises(ApprovalClientError, match="could not be reached") as unreachable:
             await async_refund(away, ran, run_id)("o-7", 500)
