@@ -23,6 +23,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal, TypeAlias
 
+from nodbot.bot.json_shape import shape_problem
+
 __all__ = [
     "FIELD_PREFIX",
     "MAX_ARGUMENT_TEXT",
@@ -271,10 +273,18 @@ def _read(spec: EditField, text: str) -> Any:
         raise ValueError(f"not valid JSON: {exc.msg} ({where})") from None
     except RecursionError:
         raise ValueError("not valid JSON here: nested too deeply") from None
-    problem = text_too_long(value, spec.name)
+    problem = _shape(value) or text_too_long(value, spec.name)
     if problem is not None:
         raise ValueError(problem)
     return value
+
+
+def _shape(value: Any) -> str | None:
+    """What keeps an edited value (JSON a reviewer typed, in any channel's form) from being
+    arguments, as a request's body is checked (`bot.json_shape`): it nests too deeply,
+    or holds a lone surrogate."""
+    problem = shape_problem(value)
+    return None if problem is None else f"not valid here: the value {problem}"
 
 
 def parse_edit(
@@ -310,7 +320,7 @@ def parse_edit(
             value = json.loads(text)
         except (json.JSONDecodeError, RecursionError):
             value = text
-        problem = text_too_long(value, name)
+        problem = _shape(value) or text_too_long(value, name)
         if problem is not None:
             errors[name] = problem
             continue

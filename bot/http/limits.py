@@ -33,6 +33,7 @@ from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from nodbot.bot.http.auth import ApiError
+from nodbot.bot.json_shape import LONE_SURROGATE, MAX_JSON_DEPTH, shape_problem
 
 __all__ = [
     "DECIDE_BODY",
@@ -59,8 +60,6 @@ SLACK_BODY = 1024 * KB
 EMAIL_BODY = 1024 * KB
 INBOX_BODY = 2048 * KB
 DEFAULT_BODY = 64 * KB
-MAX_JSON_DEPTH = 32
-"""How deeply arrays and objects of a JSON body may nest."""
 
 _LIMITS: tuple[tuple[re.Pattern[str], int], ...] = (
     (re.compile(r"/approvals/[^/]+/decide"), DECIDE_BODY),
@@ -69,8 +68,6 @@ _LIMITS: tuple[tuple[re.Pattern[str], int], ...] = (
     (re.compile(r"/email/inbound"), EMAIL_BODY),
     (re.compile(r"/inbox(/.*)?"), INBOX_BODY),
 )
-
-_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 def body_limit(path: str) -> int:
@@ -193,18 +190,11 @@ def _no_duplicates(pairs: Sequence[tuple[str, Any]]) -> dict[str, Any]:
 
 
 def _check_shape(data: Any) -> None:
-    # Iterative: a value just parsed may still be deeper than Python's recursion allows.
-    stack: list[tuple[Any, int]] = [(data, 0)]
-    while stack:
-        value, depth = stack.pop()
-        if isinstance(value, str):
-            if _SURROGATE.search(value):
-                raise _invalid("the body is not valid JSON: a string holds a lone surrogate")
-        elif isinstance(value, (dict, list)):
-            if depth >= MAX_JSON_DEPTH:
-                raise _invalid(f"the body nests deeper than {MAX_JSON_DEPTH} levels")
-            items = [*value.keys(), *value.values()] if isinstance(value, dict) else value
-            stack.extend((item, depth + 1) for item in items)
+    problem = shape_problem(data)
+    if problem == LONE_SURROGATE:
+        raise _invalid(f"the body is not valid JSON: {problem}")
+    if problem is not None:
+        raise _invalid(f"the body {problem}")
 
 
 # --- inbound email: what one message may hold (`email.reading.parse`) ----------------------
