@@ -10,7 +10,9 @@ it within minutes returns the first message instead of a new one), and an attemp
 that may have posted without recording it first looks for the review's message among the
 channel's latest messages and adopts it. Once the review is decided, from whichever channel,
 one delivery (`discord:messages`) edits every message posted for it: the buttons gone, the
-outcome, who decided and when. An edit can be repeated safely, so a retry edits again.
+outcome, who decided and when. An edit can be repeated safely, so a retry edits again; a
+message Discord says is gone (deleted, or its channel out of the bot's reach: 404, 403) is
+skipped and logged, so that it keeps none of the others from their outcome.
 
 Who may decide is the review's rule's say, checked by the interactions endpoint
 (`bot.discord.interactions`) person by person: a Discord user is a reviewer through a
@@ -47,6 +49,9 @@ MESSAGES_TARGET = "discord:messages"
 """The delivery that edits a decided review's messages."""
 NONCE_LENGTH = 25
 """Characters of a message's nonce at most (Discord's limit)."""
+GONE = (403, 404)
+"""Discord's answers to an edit of a message that is no longer there to edit (deleted, or
+its channel no longer readable by the bot): that message is skipped, the others edited."""
 
 
 def posted_messages(deliveries: list[Delivery]) -> set[tuple[str, str]]:
@@ -187,10 +192,27 @@ class DiscordChannel:
             body = question_decided(record, page=page)
         else:
             body = decided_message(record, page=page)
-        messages = sorted(posted_messages(posts))
-        for channel, message in messages:
-            await self.api.edit_message(channel, message, body)
-        return {"updated": len(messages)}
+        updated, gone = 0, []
+        for channel, message in sorted(posted_messages(posts)):
+            try:
+                await self.api.edit_message(channel, message, body)
+            except DiscordApiError as exc:
+                if exc.status not in GONE:
+                    raise  # tried again (or failed) whole: editing again is safe
+                # Deleted, or its channel out of reach: the review's other messages still
+                # get their outcome (none of them keeps live buttons because of this one).
+                log.warning(
+                    "could not edit Discord message %s in channel %s to review %s's outcome "
+                    "(%s): left as it is",
+                    message,
+                    channel,
+                    record.approval_id,
+                    exc,
+                )
+                gone.append({"channel": channel, "id": message, "status": exc.status})
+                continue
+            updated += 1
+        return {"updated": updated, "gone": gone} if gone else {"updated": updated}
 
     def render(self, record: ApprovalRecord) -> dict[str, Any]:
         """The review's request message (a question's own, `bot.discord.questions`), its
@@ -210,6 +232,7 @@ class DiscordChannel:
         )
         return request_message(
             record,
+            can_approve="approve" in allowed,
             can_edit=can_edit,
             can_deny="deny" in allowed,
             page=page,

@@ -4,7 +4,11 @@ sent by Discord to `POST /discord/interactions`.
 
 Every request is checked first (`bot.discord.signature`: Ed25519 over the timestamp and the
 raw body, against the application's public key); an unsigned, forged or stale one is refused
-with 401 before its body is read as JSON. A PING is answered with a PONG. The body is read
+with 401 before its body is read as JSON. A PING is answered with a PONG. Discord sends each
+interaction once: the same interaction id again (a signed request replayed within its
+signature's five minutes) is refused with 400 and records nothing (`_first_time`; each
+replica remembers the ids it answered, and a replay to another one decides nothing a first
+click did not: the first decision wins, and a vote counts once per person). The body is read
 bounded (`bot.http.limits.loads`) into `Interaction`, which keeps only what is used, each
 field checked (snowflakes are digits, ids and texts bounded); any other shape is refused with
 400 and nothing is recorded.
@@ -12,10 +16,11 @@ field checked (snowflakes are digits, ids and texts bounded); any other shape is
 Discord wants an answer within 3 seconds. Approve is answered at once with a deferred update
 (type 6), and decided after; a Deny or Edit click is answered with its form (a modal, type
 9) once the review, the message and the clicker are checked (within `FORM_WITHIN` seconds,
-else the clicker is asked to try again); a form's submission is answered with a deferred
-update, or with what is wrong with it (an edit that does not parse), and decided after.
-Whatever the clicker is told after that (a refusal, a vote counted) is a follow-up message
-only they see.
+else the clicker is asked to try again: so is one on a message whose post Discord has shown
+but not yet answered, rather than refused as a click on another review's message); a form's
+submission is answered with a deferred update, or with what is wrong with it (an edit that
+does not parse), and decided after. Whatever the clicker is told after that (a refusal, a
+vote counted) is a follow-up message only they see.
 
 Who may decide is the rule's say, kept with the review, checked person by person through the
 bot's one `Authorizer` (`bot.policy.authorize`): the clicker is `discord:<user id>`, a person
@@ -31,8 +36,9 @@ review's messages (`bot.discord.channel`).
 A question (`core.questions`, its message `bot.discord.questions`) is answered the same way.
 A pick in its menu is answered at once with a deferred update and decided after: the pick's
 value must be the index of one of the question's own choices (`choice_of`), and that choice
-is the answer, so no text a client sends becomes one; any other value is refused, told,
-and records nothing. Answer opens a form for a free-text answer, checked with
+is the answer, so no text a client sends becomes one; any other value (no such option was
+posted: a forged pick) is refused, told, and recorded as a refused attempt (`NOT_A_CHOICE`),
+as Slack and Teams record one. Answer opens a form for a free-text answer, checked with
 `answer_problem` (needed, bounded, one of the choices when there are some) before anything is
 recorded; Decline opens a form for an optional reason. Each is authorized person by person,
 bound to its message and recorded as a click is, as a respond (`Decision.response`) or a
@@ -63,12 +69,13 @@ from nodbot.bot.discord.messages import (
     button_of,
     deny_modal,
     edit_modal,
+    form_fields,
     form_of,
     told,
 )
 from nodbot.bot.discord.questions import answer_modal, choice_of
 from nodbot.bot.discord.questions import decline_modal as question_decline_modal
-from nodbot.bot.discord.signature import NotSigned, Verifier
+from nodbot.bot.discord.signature import MAX_SKEW, NotSigned, Verifier
 from nodbot.bot.forms import EditField, edit_fields, parse_edit, reason_too_long
 from nodbot.bot.http.auth import ApiError
 from nodbot.bot.http.limits import loads
@@ -104,6 +111,8 @@ PONG, REPLY, DEFERRED_UPDATE = 1, 4, 6
 FORM_WITHIN = 2.0
 """Seconds a Deny or Edit click may take to be checked before its form is shown: Discord
 gives up on an answer after 3."""
+SEEN_MAX = 10_000
+"""Interaction ids kept to refuse a replay of one (`DiscordReviews._first_time`)."""
 POSTED_WAIT = 5.0
 """How long (seconds) an Approve click waits for the message it is on to be recorded:
 Discord answers a post before the outbox records it, and a click may come in between."""
@@ -238,6 +247,9 @@ class DiscordReviews:
         self.authorizer = authorizer
         self.on_decided = on_decided
         self.verifier = Verifier(config.public_key, clock=clock)
+        self._clock = clock
+        self._seen: dict[str, float] = {}
+        """The interactions answered lately: id -> when (`_first_time`), oldest first."""
         self.executor = Executor(self.registry, approval=DeferredApproval(self.store))
         self.counters: dict[str, int] = {"decisions": 0}
         self._tasks: set[asyncio.Task[None]] = set()
@@ -259,6 +271,8 @@ class DiscordReviews:
             return JSONResponse({"type": PONG})
         if interaction.application_id != self.config.application_id:
             raise ApiError(400, "the interaction is for another application")
+        if not self._first_time(interaction.id):
+            raise ApiError(400, "this interaction was received already")
         if interaction.clicker is None or interaction.data is None:
             raise ApiError(400, "the interaction names no user or no data")
         if interaction.type == COMPONENT:
@@ -266,6 +280,22 @@ class DiscordReviews:
         if interaction.type == MODAL_SUBMIT:
             return await self._submitted(interaction)
         raise ApiError(400, f"interactions of type {interaction.type} are not answered here")
+
+    def _first_time(self, interaction_id: str) -> bool:
+        """Whether the interaction `interaction_id` is new to this process: Discord sends
+        each once, so the same one again is a replay of a signed request (within its
+        signature's `MAX_SKEW`). Ids are kept for twice that (a timestamp may be ahead of
+        now as much as behind), at most `SEEN_MAX` of them."""
+        now = self._clock()
+        while self._seen:
+            oldest, at = next(iter(self._seen.items()))
+            if now - at <= 2 * MAX_SKEW and len(self._seen) < SEEN_MAX:
+                break
+            del self._seen[oldest]
+        if interaction_id in self._seen:
+            return False
+        self._seen[interaction_id] = now
+        return True
 
     async def close(self) -> None:
         """Wait a little for what follows answers already given (decisions being recorded)."""
@@ -302,22 +332,24 @@ class DiscordReviews:
         Raises `_Refused`."""
         if action in ("answer", "decline"):
             return await self._question_form(click, action)
-        record = await self._bound(click, wait=False)
+        # A post Discord has not answered yet may be shown already: waited for (within
+        # `FORM_WITHIN`, then "try again"), not refused as another review's button.
+        record = await self._bound(click, wait=True)
         probe = Decision(approved=action == "edit", decided_by=click.user)
         await self._allowed(click, record, probe)
         if action == "deny":
             return JSONResponse(deny_modal(record, click.message[1]))
         if "edit" not in (record.request.policy.get("allowed_decisions") or ["edit"]):
             raise _Refused("this call may not be edited; approve or deny it")
-        fields = self._fields(record)
+        fields = form_fields(self._fields(record))
         if not fields:
-            raise _Refused("nothing of this call may be edited here")
+            raise _Refused("nothing of this call can be edited here; edit it in the inbox")
         return JSONResponse(edit_modal(record, fields, click.message[1]))
 
     async def _question_form(self, click: _Click, action: Action) -> Response:
         """The Answer or Decline form of a question, once the clicker may use it (the rules
         are asked about an answer whatever its text). Raises `_Refused`."""
-        record = await self._bound(click, wait=False, question=True)
+        record = await self._bound(click, wait=True, question=True)
         if action == "decline":
             await self._allowed(click, record, Decision(approved=False, decided_by=click.user))
             return JSONResponse(question_decline_modal(record, click.message[1]))
@@ -328,12 +360,12 @@ class DiscordReviews:
     async def _choose_later(self, click: _Click, values: list[str]) -> None:
         """After the answer to Discord: the choice picked in a question's menu, looked up in
         the question itself, checked and recorded as the answer; a value that names none of
-        its choices is refused (told, nothing recorded)."""
+        its choices is refused, told and recorded as a refused attempt."""
         try:
             record = await self._bound(click, wait=True, question=True)
             choice = choice_of(question_of(record.request), values)
-            if choice is None:
-                raise _Refused(NOT_A_CHOICE)
+            if choice is None:  # no such option was posted: recorded, as Slack and Teams do
+                await self._refuse(click, record, NOT_A_CHOICE)
             answer = Decision(approved=False, response=choice, decided_by=click.user)
             verdict = await self._allowed(click, record, answer)
             await self._decide(click, record, answer, verdict)

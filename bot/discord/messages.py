@@ -1,18 +1,23 @@
 """The Discord messages of a review, and the buttons' and forms' ids.
 
 A review is one message (`request_message`): the call, why, by when, its arguments in a code
-block, and Approve / Edit / Deny buttons whose `custom_id` is `nodbot:<action>:<approval
-id>`. Once decided, it becomes `decided_message` (no buttons). Edit and Deny open a modal
-(`edit_modal`, `deny_modal`) whose `custom_id` names the review and the message it was opened
-from (`nodbot:<action>-form:<approval id>:<message id>`), checked again on submission. A
-question's message (`bot.discord.questions`) uses the same shapes with its own actions:
-`nodbot:answer:<approval id>` (its menu of choices, or its Answer button) and
-`nodbot:decline:<approval id>`, and their forms `nodbot:<answer|decline>-form:...`.
+block, and the Approve / Edit / Deny buttons its rule allows, whose `custom_id` is
+`nodbot:<action>:<approval id>`. Once decided, it becomes `decided_message` (no buttons).
+Edit and Deny open a modal (`edit_modal`, `deny_modal`) whose `custom_id` names the review
+and the message it was opened from (`nodbot:<action>-form:<approval id>:<message id>`),
+checked again on submission. A question's message (`bot.discord.questions`) uses the same
+shapes with its own actions: `nodbot:answer:<approval id>` (its menu of choices, or its
+Answer button) and `nodbot:decline:<approval id>`, and their forms
+`nodbot:<answer|decline>-form:...`.
 
 Tool arguments come from a model: everything shown is escaped for Discord's markdown
 (`escape`), argument values are shown in code blocks whose fences cannot be closed early
-(`code`), every message carries `allowed_mentions: {parse: []}` (no `@everyone` in an
-argument pings anyone), and lengths are cut to stay within Discord's 2,000 characters.
+(`code`), with every invisible or reordering character (a bidirectional override, a
+zero-width space) written as its escape (`visible`; in a tool's name, why, who and a reason
+too, and why and who kept on their line, `one_line`), every message carries `allowed_mentions:
+{parse: []}` (no `@everyone` in an argument pings anyone), and lengths are cut to stay within
+Discord's 2,000 characters: the arguments' block to the room the rest leaves, saying how long
+they are in all, so that the block is never cut open by the message's limit.
 """
 
 from __future__ import annotations
@@ -36,10 +41,12 @@ __all__ = [
     "deny_modal",
     "edit_modal",
     "escape",
+    "form_fields",
     "form_of",
     "render",
     "request_message",
     "told",
+    "visible",
     "who",
 ]
 
@@ -51,7 +58,15 @@ MAX_CONTENT = 2000
 """Characters of a message's content at most (Discord's limit)."""
 MAX_FIELDS = 5
 """Inputs of a modal at most (Discord's limit): the first five editable arguments."""
+MAX_INPUT = 4000
+"""Characters of a modal text input's value at most (Discord's limit)."""
+MAX_CUSTOM_ID = 100
+"""Characters of a component's `custom_id` at most (Discord's limit)."""
+_SMALLEST_BLOCK = 60
+"""Characters a code block is given at least (its fences and how long it is in all)."""
 _FENCE = "```"
+_LINE_BREAKS = re.compile("\r\n|[\n\r\v\f\x1c-\x1e\x85\u2028\u2029]")
+"""What Discord (or the reader's eye) may take for the end of a line."""
 _ZERO_WIDTH = "\u200b"
 _MARKDOWN = re.compile(r"([\\*_~`|>#\-\[\]()<@:!])")
 _APPROVAL = r"[A-Za-z0-9_\-]{1,64}"
@@ -88,6 +103,19 @@ def code(text: str, limit: int) -> str:
     return f"{_FENCE}\n{body}\n{_FENCE}"
 
 
+def visible(text: str) -> str:
+    """`text` with every character that is not printable but a line break (a bidirectional
+    override, a zero-width space, a control) written as its `\\uXXXX` escape: what a name,
+    a description or a reason says is what a reader sees, not text reordered or hidden."""
+    return "".join(char if char.isprintable() or char == "\n" else _escaped(char) for char in text)
+
+
+def one_line(text: str) -> str:
+    """`text` with its line breaks as spaces: a text shown within a line of a message (why,
+    who) cannot start lines of its own that pass for the message's (a second "Arguments:")."""
+    return _LINE_BREAKS.sub(" ", text)
+
+
 def who(handle: str | None) -> str:
     """A decider as the message names them: a Discord user as a mention (which pings nobody:
     `allowed_mentions` is empty), anyone else by their handle, escaped."""
@@ -96,7 +124,7 @@ def who(handle: str | None) -> str:
     kind, _, user = handle.partition(":")
     if kind == "discord" and re.fullmatch(_SNOWFLAKE, user):
         return f"<@{user}>"
-    return escape(clip(handle, 200))
+    return escape(clip(visible(one_line(handle)), 200))
 
 
 def when(moment: datetime) -> str:
@@ -105,30 +133,74 @@ def when(moment: datetime) -> str:
 
 
 def _json(value: Any) -> str:
-    return json.dumps(value, ensure_ascii=False, indent=2, sort_keys=True, default=str)
+    """`value` as indented JSON, every character that is not printable (a control, a
+    bidirectional override, a zero-width or other invisible character) written as its JSON
+    escape: the reviewer reads the arguments' own characters, never text reordered or hidden
+    by them, and the block still reads back as the same JSON."""
+    return visible(json.dumps(value, ensure_ascii=False, indent=2, sort_keys=True, default=str))
+
+
+def _escaped(char: str) -> str:
+    """`char` as a JSON string escape (a surrogate pair beyond the Basic Multilingual Plane)."""
+    point = ord(char)
+    if point < 0x10000:
+        return f"\\u{point:04x}"
+    point -= 0x10000
+    return f"\\u{0xD800 + (point >> 10):04x}\\u{0xDC00 + (point & 0x3FF):04x}"
+
+
+def _fitted(
+    name: str, values: dict[str, Any], blocks: dict[str, tuple[Any, int]]
+) -> dict[str, Any]:
+    """Template `name` rendered with `values` and the JSON code blocks `blocks` (name ->
+    (value, most characters)), each block cut, in order, to the room the rest of the message
+    leaves within `MAX_CONTENT`: the blocks are cut (saying so) rather than the message, so
+    that no block is left open and nothing after them is lost."""
+    probe = render(name, **values, **dict.fromkeys(blocks, "·"))
+    room = MAX_CONTENT - (len(str(probe.get("content") or "")) - len(blocks))
+    shown: dict[str, str] = {}
+    for index, (key, (value, most)) in enumerate(blocks.items()):
+        later = len(blocks) - index - 1
+        limit = min(most, max(_SMALLEST_BLOCK, room - later * _SMALLEST_BLOCK))
+        shown[key] = code(_json(value), limit)
+        room -= len(shown[key])
+    return render(name, **values, **shown)
 
 
 def request_message(
-    record: ApprovalRecord, *, can_edit: bool, can_deny: bool, page: str | None
+    record: ApprovalRecord,
+    *,
+    can_edit: bool,
+    can_deny: bool,
+    page: str | None,
+    can_approve: bool = True,
 ) -> dict[str, Any]:
-    """The review's message with its buttons (see the module)."""
+    """The review's message with the buttons of the decisions its rule allows (see the
+    module); with none, no action row (Discord refuses an empty one) and a line saying to
+    decide in the inbox."""
     request, policy = record.request, record.request.policy
+    buttons = [
+        {"style": style, "label": label, "custom_id": f"nodbot:{action}:{record.approval_id}"}
+        for action, label, style, shown in (
+            ("approve", "Approve", 3, can_approve),
+            ("edit", "Edit", 1, can_edit),
+            ("deny", "Deny", 4, can_deny),
+        )
+        if shown
+    ]
     why = policy.get("description")
     deadline = request.deadline
-    return render(
-        "request.json.j2",
-        tool=escape(clip(request.tool, 100)),
-        why=escape(clip(why, 300)) if isinstance(why, str) and why else None,
-        requested_by=who(request.requested_by) if request.requested_by else None,
-        deadline=when(deadline) if deadline is not None else None,
-        approvals=request.approvals_required,
-        arguments=code(_json(request.arguments), 1200),
-        approval_id=escape(record.approval_id),
-        review=record.approval_id,  # the buttons' ids: as it is
-        page=page,
-        can_edit=can_edit,
-        can_deny=can_deny,
-    )
+    values = {
+        "tool": escape(clip(visible(request.tool), 100)),
+        "why": escape(clip(visible(one_line(why)), 300)) if isinstance(why, str) and why else None,
+        "requested_by": who(request.requested_by) if request.requested_by else None,
+        "deadline": when(deadline) if deadline is not None else None,
+        "approvals": request.approvals_required,
+        "approval_id": escape(record.approval_id),
+        "page": page,
+        "buttons": buttons,
+    }
+    return _fitted("request.json.j2", values, {"arguments": (request.arguments, 1200)})
 
 
 def decided_message(record: ApprovalRecord, *, page: str | None) -> dict[str, Any]:
@@ -136,28 +208,44 @@ def decided_message(record: ApprovalRecord, *, page: str | None) -> dict[str, An
     decision, request = record.decision, record.request
     if decision is None:
         raise ValueError(f"approval {record.approval_id} is not decided")
-    verb = decided_verb(decision)
-    return render(
-        "decided.json.j2",
-        verb=verb,
-        tool=escape(clip(request.tool, 100)),
-        by=who(decision.decided_by),
-        moment=when(record.decided_at) if record.decided_at is not None else "just now",
-        reason=escape(clip(decision.reason, 300)) if decision.reason else None,
-        edited=code(_json(decision.edited_args), 500) if decision.edited_args else None,
-        arguments=code(_json(request.arguments), 900),
-        approval_id=escape(record.approval_id),
-        page=page,
-    )
+    values = {
+        "verb": decided_verb(decision),
+        "tool": escape(clip(visible(request.tool), 100)),
+        "by": who(decision.decided_by),
+        "moment": when(record.decided_at) if record.decided_at is not None else "just now",
+        "reason": escape(clip(visible(decision.reason), 300)) if decision.reason else None,
+        "approval_id": escape(record.approval_id),
+        "page": page,
+    }
+    blocks: dict[str, tuple[Any, int]] = {}
+    if decision.edited_args:
+        blocks["edited"] = (decision.edited_args, 500)
+    else:
+        values["edited"] = None
+    blocks["arguments"] = (request.arguments, 900)
+    return _fitted("decided.json.j2", values, blocks)
+
+
+def form_fields(fields: list[EditField]) -> list[EditField]:
+    """The inputs an edit form holds: the first `MAX_FIELDS` whose value fits a text input
+    whole and whose name makes an input Discord takes. A value longer than `MAX_INPUT` is
+    left out rather than shown cut: what the form shows comes back on submission, and a cut
+    value would be the edit of a reviewer who changed another input (the inbox edits it)."""
+    fitting = [
+        field
+        for field in fields
+        if field.name and len(field.input_name) <= MAX_CUSTOM_ID and len(field.text) <= MAX_INPUT
+    ]
+    return fitting[:MAX_FIELDS]
 
 
 def edit_modal(record: ApprovalRecord, fields: list[EditField], message: str) -> dict[str, Any]:
-    """The edit form of the review opened from `message` (its first `MAX_FIELDS` inputs)."""
+    """The edit form of the review opened from `message` (its inputs: `form_fields`)."""
     return render(
         "edit_modal.json.j2",
         custom_id=f"nodbot:edit-form:{record.approval_id}:{message}",
         tool=record.request.tool,
-        fields=fields[:MAX_FIELDS],
+        fields=form_fields(fields),
     )
 
 

@@ -7,8 +7,9 @@ its choices a select menu (or an Answer button and its form, for free text) besi
 reviewer's pick or form answers it (`GET /approvals/{id}` shows it answered, with the
 answer), a Decline declines it, a deadline passed times it out, and the message is edited to
 say how; an answer given over the HTTP API edits it too. Someone who is no reviewer is
-refused, recorded as a refusal, and decides nothing; a pick or an answer that is none of the
-choices is refused and records nothing.
+refused, recorded as a refusal, and decides nothing; a pick that is none of the choices (a
+forged one) is refused and recorded as a refusal, as in Slack and Teams, and a typed answer
+that is none of them is refused and records nothing.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from nodbot.bot.discord.interactions import NOT_A_CHOICE
 from nodbot.bot.discord.messages import MAX_CONTENT, button_of, escape
 from nodbot.bot.discord.questions import (
     MAX_TEXT,
@@ -391,7 +393,7 @@ async def test_a_non_reviewer_and_a_forged_approve_are_refused(desk: Desk) -> No
     assert approval["decision"] is None and message.custom_ids  # still waiting
 
 
-async def test_an_answer_that_is_none_of_the_choices_records_nothing(desk: Desk) -> None:
+async def test_an_answer_that_is_none_of_the_choices_decides_nothing(desk: Desk) -> None:
     approval_id = await desk.ask("Which warehouse ships order 10?", ["Leeds", "Porto"])
     message = await desk.posted(approval_id)
     before = (await desk.approval(approval_id))["events"]
@@ -414,7 +416,11 @@ async def test_an_answer_that_is_none_of_the_choices_records_nothing(desk: Desk)
     assert "answer with one of: Leeds, Porto" in typed.json()["data"]["content"]
 
     approval = await desk.approval(approval_id)
-    assert approval["decision"] is None and approval["events"] == before
+    assert approval["decision"] is None
+    events = approval["events"]
+    assert events[: len(before)] == before
+    added = [(e["kind"], e["actor"], e["detail"].get("reason")) for e in events[len(before) :]]
+    assert added == [("refused", f"discord:{ANA}", NOT_A_CHOICE)] * 3  # the picks, not the form
     assert message.custom_ids  # still waiting
 
 

@@ -16,7 +16,8 @@ read, and fails on demand (`fail_next`).
 `Signer` holds a test Ed25519 key: `sign(body)` gives the `X-Signature-Ed25519` and
 `X-Signature-Timestamp` headers of a body, over the timestamp and the body, as Discord
 signs them. `button_click`, `select_choice` (a pick in a select menu) and `modal_submit`
-build the interactions Discord sends.
+build the interactions Discord sends; `modal_problem` says what Discord would refuse in a
+form (a modal) the bot answers a click with.
 """
 
 from __future__ import annotations
@@ -49,6 +50,10 @@ MAX_CUSTOM_ID = 100
 MAX_NONCE = 25
 MAX_OPTIONS = 25
 MAX_OPTION = 100
+MAX_TITLE = 45
+"""Characters of a modal's title, and of a text input's label, at most."""
+MAX_INPUT = 4000
+"""Characters of a modal text input's value at most."""
 
 
 class Signer:
@@ -143,6 +148,9 @@ class DiscordFake:
         self.requests: list[tuple[str, str]] = []
         """Every call, (method, path)."""
         self._failures: list[tuple[int, JSON]] = []
+        self.held: asyncio.Event | None = None
+        """When set to an event: a post is made (its message is in the channel) but answered
+        only once the event is set, as a slow Discord answers."""
         self.app = Starlette(
             routes=[
                 Route("/api/v10/channels/{channel}/messages", self._post, methods=["POST"]),
@@ -165,6 +173,10 @@ class DiscordFake:
     def messages(self, channel: str) -> list[Message]:
         """The messages posted to `channel`, oldest first."""
         return [m for m in self._messages.values() if m.channel_id == channel]
+
+    def delete(self, message_id: str) -> None:
+        """Delete a message as a moderator would: an edit of it is then answered 404."""
+        self._messages.pop(message_id, None)
 
     def fail_next(self, status: int, body: JSON | None = None) -> None:
         """The next call to the bot's API answers `status` with `body`."""
@@ -198,6 +210,8 @@ class DiscordFake:
         self._messages[message.id] = message
         if isinstance(nonce, str):
             self._nonces[nonce] = message.id
+        if self.held is not None:  # posted, and seen in the channel, but not answered yet
+            await self.held.wait()
         return JSONResponse(message.to_api())
 
     async def _edit(self, request: Request) -> Response:
@@ -243,8 +257,8 @@ def _problem(body: Any) -> str | None:
     if nonce is not None and (not isinstance(nonce, str) or len(nonce) > MAX_NONCE):
         return "nonce: must be 25 or fewer in length"
     for row in body.get("components") or []:
-        if row.get("type") != 1 or len(row.get("components") or []) > 5:
-            return "components: an action row of at most 5 components"
+        if row.get("type") != 1 or not 1 <= len(row.get("components") or []) <= 5:
+            return "components: an action row of 1 to 5 components"
         components = row.get("components") or []
         for button in components:
             if len(str(button.get("custom_id") or "")) > MAX_CUSTOM_ID:
@@ -271,6 +285,35 @@ def _select_problem(select: JSON, *, alone: bool) -> str | None:
             return "options.value: between 1 and 100 in length"
     if len({option.get("value") for option in options}) != len(options):
         return "options.value: must be unique"
+    return None
+
+
+def modal_problem(answer: JSON) -> str | None:
+    """What Discord would refuse in a modal answered to an interaction (type 9), or None."""
+    data = answer.get("data") or {}
+    if answer.get("type") != 9 or not isinstance(data, dict):
+        return "not a modal"
+    if not 1 <= len(str(data.get("custom_id") or "")) <= MAX_CUSTOM_ID:
+        return "custom_id: between 1 and 100 in length"
+    if not 1 <= len(str(data.get("title") or "")) <= MAX_TITLE:
+        return "title: between 1 and 45 in length"
+    rows = data.get("components") or []
+    if not 1 <= len(rows) <= 5:
+        return "components: between 1 and 5 action rows"
+    for row in rows:
+        inputs = row.get("components") or []
+        if row.get("type") != 1 or len(inputs) != 1 or inputs[0].get("type") != 4:
+            return "components: an action row holds one text input"
+        text_input = inputs[0]
+        if not 1 <= len(str(text_input.get("custom_id") or "")) <= MAX_CUSTOM_ID:
+            return "custom_id: between 1 and 100 in length"
+        if not 1 <= len(str(text_input.get("label") or "")) <= MAX_TITLE:
+            return "label: between 1 and 45 in length"
+        most = text_input.get("max_length", MAX_INPUT)
+        if not isinstance(most, int) or not 1 <= most <= MAX_INPUT:
+            return "max_length: between 1 and 4000"
+        if len(str(text_input.get("value") or "")) > most:
+            return "value: longer than max_length"
     return None
 
 
