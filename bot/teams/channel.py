@@ -11,7 +11,10 @@ failure does not post again. The connector offers no way to read a conversation 
 attempt after one that died between the post and keeping its id posts again, with a warning:
 a duplicate is better than a lost review. Once the review is decided, from whichever channel,
 one delivery (`teams:cards`) replaces every card posted for it (PUT of the activity): the
-actions gone, the outcome, who decided and when. A replace can be repeated safely.
+actions gone, the outcome, who decided and when. A replace can be repeated safely: when
+Teams throttles or fails, all are replaced again later; a card that can no longer be
+replaced (deleted, the bot removed from its conversation) is logged and skipped, so it does
+not keep the others as they were.
 
 A question (`core.questions`) is posted the same way, to the same conversations, as its own
 card (`bot.teams.questions`: a button per choice, or an answer box, and Decline), replaced
@@ -31,7 +34,7 @@ from nodbot.bot.outbox import DeliveryError, Moment, OutboxStore
 from nodbot.bot.slack.once import Progress
 from nodbot.bot.teams.auth import BotToken
 from nodbot.bot.teams.cards import review_card
-from nodbot.bot.teams.connector import Connector, card_activity
+from nodbot.bot.teams.connector import Connector, ConnectorError, card_activity
 from nodbot.bot.teams.questions import question_card, question_decided_card
 from nodbot.core import ApprovalRecord, Delivery, NewDelivery, ToolRegistry
 from nodbot.core.questions import is_question
@@ -147,11 +150,30 @@ class TeamsChannel:
             raise DeliveryError("a card of this review is not posted yet", retry_after=1)
         activity = card_activity(self.card(record))
         cards = [card for d in posts for card in cards_of(d.ref)]
+        gone: list[str] = []
+        retry: ConnectorError | None = None
         for card in cards:
-            await self.connector.update(
-                card["service_url"], card["conversation"], card["id"], activity
-            )
-        return {"updated": len(cards)}
+            try:
+                await self.connector.update(
+                    card["service_url"], card["conversation"], card["id"], activity
+                )
+            except ConnectorError as exc:
+                # One card that cannot be replaced (deleted, the bot removed from its
+                # conversation, Teams failing) does not keep the others as they were.
+                if not exc.permanent:
+                    retry = retry or exc
+                    continue
+                log.warning(
+                    "the Teams card %s of review %s in conversation %s cannot be replaced: %s",
+                    card["id"],
+                    record.approval_id,
+                    card["conversation"],
+                    exc,
+                )
+                gone.append(card["id"])
+        if retry is not None:
+            raise retry  # all are replaced again: a replace can be repeated safely
+        return {"updated": len(cards) - len(gone), "not_replaced": gone}
 
     def card(self, record: ApprovalRecord, *, error: str | None = None) -> dict[str, Any]:
         """The review's card as it stands (`error`: why the last action was refused); a

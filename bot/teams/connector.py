@@ -92,12 +92,14 @@ class Connector:
     async def _call(self, method: str, url: str, body: dict[str, Any] | None) -> dict[str, Any]:
         try:
             token = await self.token.get()
+            headers = {"Authorization": f"Bearer {token}"}
+            data = None
+            if body is not None:
+                # UTF-8, not \u escapes: a card's size is counted as sent (`cards.size`).
+                data = json.dumps(body, ensure_ascii=False).encode()
+                headers["Content-Type"] = "application/json; charset=utf-8"
             async with self.session.request(
-                method,
-                url,
-                json=body,
-                headers={"Authorization": f"Bearer {token}"},
-                timeout=TIMEOUT,
+                method, url, data=data, headers=headers, timeout=TIMEOUT
             ) as answer:
                 raw = await answer.content.read(MAX_ANSWER + 1)
                 status, wait = answer.status, retry_after(answer.headers.get("Retry-After"))

@@ -5,18 +5,22 @@ activities, answered with the card to show in its place.
 Nothing is read from an activity before its token is verified (`bot.teams.auth`): a request
 that is not shown to come from the Bot Framework is refused with 401 and changes nothing. An
 action decides only the review of the card it is on: the review its data names must be one
-whose card was posted as that activity (`replyToId`) in that conversation. Who acted is the
-member the connector says they are (`GET .../members/{id}`): their Azure AD address (`email`,
-else `userPrincipalName`), which is the handle checked, person by person, by the same
-`Authorizer` as every channel (reviewers, `people:` entries, self-approval, quorum by
+whose card was posted as that activity (`replyToId`) in that conversation. Only Teams'
+activities (`channelId` `msteams`) are actions. Who acted is the member the connector the
+card was posted through says they are (`GET .../members/{id}`; the bot's token goes to no
+other connector, and an action whose `serviceUrl` is another is refused): their Azure AD
+address (`email`, else `userPrincipalName`), which is the handle checked, person by person,
+by the same `Authorizer` as every channel (reviewers, `people:` entries, self-approval, quorum by
 person, delegations). When the connector cannot say, or says an address-less member or one
 whose AAD object id is not the activity's, the action is refused (who acted cannot be told).
 A refused action is recorded on the review (a `refused` event with the member's ids as its
 evidence) and the card shows why; a decision is recorded through `Executor.decide` with
 `decided_by` the address, channel `teams`, and the evidence, and the outbox then replaces
-the card for everyone. Deny takes the reason typed on the card; Edit answers with the edit
-form, typed from the tool's schema (`bot.forms`), whose Save checks and records the edit as
-an approval with edited arguments (errors shown on the form, under their inputs).
+the card for everyone. Deny takes the reason typed on the card; Edit (on a review whose
+rule allows edits and that needs one approval; a Save sent otherwise is refused and
+recorded) answers with the edit form, typed from the tool's schema (`bot.forms`), whose
+Save checks and records the edit as an approval with edited arguments (errors shown on the
+form, under their inputs).
 
 A question's card (`bot.teams.questions`) is answered the same way: a choice's button (or the
 list's Answer) names the choice by its index, looked up in the question itself, and records
@@ -43,6 +47,7 @@ import time
 from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
+from urllib.parse import urlsplit
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -78,6 +83,8 @@ __all__ = ["CHANNEL", "MAX_ACTIVITY", "Action", "TeamsReviews", "parse_action"]
 log = logging.getLogger(__name__)
 
 CHANNEL = "teams"
+TEAMS = "msteams"
+"""The Bot Framework's `channelId` of Teams: the only channel whose actions are taken."""
 MAX_ACTIVITY = 64 * 1024
 """The most bytes of an activity read, an edit form's inputs included (the app's `BodyLimit`
 allows a route no more by default)."""
@@ -88,6 +95,9 @@ NOT_ITS_CARD = "this card does not belong to this review"
 POSTED_WAIT = 5.0
 """How long (seconds) an action waits for the card it is on to be kept (see `_on_its_card`)."""
 WHO_UNKNOWN = "Teams could not say who you are (your address); try again in a moment"
+OTHER_CONNECTOR = "this action did not come through the Teams connector its card was posted to"
+"""The refusal of an action whose (verified) `serviceUrl` is not the connector the bot
+posted the card through: the bot's token goes to that connector only."""
 A_QUESTION = "this is a question: answer it or decline it with the actions of its card"
 """The refusal of an Approve, Edit or Deny on a question (its card has none)."""
 NOT_A_QUESTION = "this review is not a question: decide it with the actions of its card"
@@ -95,6 +105,9 @@ NOT_A_QUESTION = "this review is not a question: decide it with the actions of i
 NOT_A_CHOICE = "this is not one of the question's answers"
 """The refusal of a choice the question does not have (a forged action)."""
 NOT_PICKED = "pick one of the answers first"
+NOT_EDITABLE = "this call may not be edited; approve or deny it"
+"""The refusal of an Edit or Save where the rule allows no edit, or the review needs several
+approvals (whose edit would win is unclear)."""
 UNREADABLE_ANSWER = "this question cannot be read, so it cannot be answered: decline it"
 
 
@@ -136,6 +149,8 @@ def parse_action(activity: dict[str, Any]) -> Action | None:
     activity (or one missing what an action needs)."""
     if activity.get("type") != "invoke" or activity.get("name") != "adaptiveCard/action":
         return None
+    if activity.get("channelId") != TEAMS:
+        return None  # the cards are Teams': no other Bot Framework channel acts on them
     value = activity.get("value")
     action = value.get("action") if isinstance(value, dict) else None
     if not isinstance(action, dict) or action.get("type") != "Action.Execute":
@@ -232,7 +247,8 @@ class TeamsReviews:
             record = await self.store.get(action.approval_id)
         except ApprovalNotFound:
             return _note("this review no longer exists")
-        if not await self._on_its_card(action):
+        card = await self._on_its_card(action)
+        if card is None:
             await self._refused(action, record, NOT_ITS_CARD, person=None)
             return _note(NOT_ITS_CARD)
         question = is_question(record.request)
@@ -240,7 +256,16 @@ class TeamsReviews:
             if question and record.decision is not None and action.verb in QUESTION_VERBS:
                 return question_decided_card(record, note=_closed(record))
             return self.channel.card(record)
-        handle = await self._who(action)
+        if not _same_connector(action.service_url, card["service_url"]):
+            log.warning(
+                "a Teams action on review %s came through %r, not %r, its card's connector",
+                record.approval_id,
+                action.service_url,
+                card["service_url"],
+            )
+            await self._refused(action, record, OTHER_CONNECTOR, person=None)
+            return self.channel.card(record, error=OTHER_CONNECTOR)
+        handle = await self._who(action, card["service_url"])
         if handle is None:
             await self._refused(action, record, WHO_UNKNOWN, person=None)
             return self.channel.card(record, error=WHO_UNKNOWN)
@@ -292,32 +317,32 @@ class TeamsReviews:
         decision = Decision(approved=False, response=answer, decided_by=handle)
         return await self._decide(action, record, decision)
 
-    async def _on_its_card(self, action: Action) -> bool:
-        """Whether the action was taken on a card posted for the review it names. The
-        connector answers a post before the outbox keeps the card's id, and an action may
-        come in between: while a post of the review is under way, it is waited for (up to
-        `POSTED_WAIT`)."""
+    async def _on_its_card(self, action: Action) -> dict[str, str] | None:
+        """The card (`cards_of`) the action was taken on, when it was posted for the review
+        the action names; else None. The connector answers a post before the outbox keeps
+        the card's id, and an action may come in between: while a post of the review is
+        under way, it is waited for (up to `POSTED_WAIT`)."""
         deadline = time.monotonic() + POSTED_WAIT
         while True:
             posts = await self.channel.posts(action.approval_id)
-            posted = {
-                (card["conversation"].partition(";")[0], card["id"])
-                for d in posts
-                for card in cards_of(d.ref)
-            }
-            if (action.conversation, action.card_id) in posted:
-                return True
+            for d in posts:
+                for card in cards_of(d.ref):
+                    where = card["conversation"].partition(";")[0]
+                    if (where, card["id"]) == (action.conversation, action.card_id):
+                        return card
             now = utc_now()
             in_flight = any(d.status == "due" and d.due_at <= now for d in posts)
             if not in_flight or time.monotonic() >= deadline:
-                return False
+                return None
             await asyncio.sleep(0.1)
 
-    async def _who(self, action: Action) -> str | None:
-        """The address of the member who acted, or None when it cannot be told."""
+    async def _who(self, action: Action, service_url: str) -> str | None:
+        """The address of the member who acted, as the connector `service_url` (the one the
+        bot posted the card through, never one an activity names) says it, or None when it
+        cannot be told."""
         try:
             member = await self.channel.connector.member(
-                action.service_url, action.conversation, action.user
+                service_url, action.conversation, action.user
             )
         except ConnectorError as exc:
             log.warning("Teams could not say who %s is: %s", action.user, exc)
@@ -369,10 +394,8 @@ class TeamsReviews:
     async def _edit(self, action: Action, record: ApprovalRecord, handle: str) -> dict[str, Any]:
         """Edit: the form, once the actor may approve the call and the rule lets it be
         edited."""
-        if "edit" not in (record.request.policy.get("allowed_decisions") or ["edit"]):
-            return self.channel.card(
-                record, error="this call may not be edited; approve or deny it"
-            )
+        if not _editable(record):
+            return self.channel.card(record, error=NOT_EDITABLE)
         probe = Decision(approved=True, decided_by=handle)
         verdict = await self.authorizer.check(handle, record, probe)
         if verdict.refusal is not None:
@@ -385,6 +408,9 @@ class TeamsReviews:
 
     async def _save(self, action: Action, record: ApprovalRecord, handle: str) -> dict[str, Any]:
         """The edit form's Save: the edit read, checked and recorded as an approval."""
+        if not _editable(record):  # a Save no card of this review offers
+            await self._refused(action, record, NOT_EDITABLE, person=None, by=handle)
+            return self.channel.card(record, error=NOT_EDITABLE)
         fields = self._fields(record)
         form = {
             str(key): _text_value(value)
@@ -408,7 +434,12 @@ class TeamsReviews:
             return edit_card(
                 record, _with_errors(parsed.fields, exc), error="the edit is not valid"
             )
-        except (ApprovalAlreadyDecided, ApprovalAlreadyVoted, UnknownToolError) as exc:
+        except (
+            ApprovalAlreadyDecided,
+            ApprovalAlreadyVoted,
+            UnknownToolError,
+            InvalidDecisionError,
+        ) as exc:
             return await self._current(record, _why(exc))
         return self.channel.card(decided)
 
@@ -463,6 +494,25 @@ async def _body(request: Request) -> bytes | None:
         if len(found) > MAX_ACTIVITY:
             return None
     return bytes(found)
+
+
+def _editable(record: ApprovalRecord) -> bool:
+    """Whether the review may be edited from its card: its rule allows edits, and it needs
+    one approval."""
+    request = record.request
+    allowed = request.policy.get("allowed_decisions") or ["edit"]
+    return "edit" in allowed and request.approvals_required == 1
+
+
+def _same_connector(said: str, posted_through: str) -> bool:
+    """Whether the connector an activity names is the one a card was posted through (a
+    trailing slash and the host's case aside)."""
+
+    def key(url: str) -> tuple[str, str]:
+        parts = urlsplit(url.strip())
+        return f"{parts.scheme}://{parts.netloc}".lower(), parts.path.rstrip("/")
+
+    return key(said) == key(posted_through)
 
 
 def _text_value(value: object) -> str:

@@ -52,6 +52,8 @@ __all__ = [
 
 ISSUER = "https://api.botframework.com"
 CARD = "application/vnd.microsoft.card.adaptive"
+MAX_ACTIVITY = 28 * 1024
+"""About the most bytes of a message Teams takes (it answers 413 past it)."""
 
 
 def new_key() -> rsa.RSAPrivateKey:
@@ -103,6 +105,17 @@ class BotFrameworkFake:
         self.failing_keys = False
         """When set, the OpenID metadata answers HTTP 503."""
         self.metadata_fetches = 0
+        self.endorsements: list[str] | None = ["msteams"]
+        """The channels its key is endorsed for (None: the key lists none)."""
+        self.max_activity = MAX_ACTIVITY
+        """The most bytes of an activity the connector takes (Teams answers 413 past it)."""
+        self.failures: list[tuple[int, dict[str, str]]] = []
+        """Answers (status, headers) the next posts and replacements get instead of being
+        done, first first: Teams throttling (429) or failing (5xx)."""
+        self.attempts = 0
+        """Posts and replacements asked for, done or not."""
+        self.bearers: list[str] = []
+        """Every `Authorization` header the connector was sent."""
         self._ids = itertools.count(1)
         self.app = Starlette(
             routes=[
@@ -167,19 +180,26 @@ class BotFrameworkFake:
         service_url: str | None = None,
         expires_in: int = 3600,
         algorithm: str = "RS256",
+        claims: dict[str, Any] | None = None,
+        without: tuple[str, ...] = (),
     ) -> str:
-        """The JWT the Bot Framework sends with `activity` (each part can be made wrong)."""
+        """The JWT the Bot Framework sends with `activity` (each part can be made wrong:
+        `claims` changed, those named `without` left out, `kid` "" for none)."""
         now = int(time.time())
-        claims = {
+        said = {
             "iss": issuer,
             "aud": audience or self.app_id,
             "serviceUrl": service_url if service_url is not None else activity["serviceUrl"],
             "nbf": now - 5,
             "iat": now - 5,
             "exp": now + expires_in,
-        }
+        } | (claims or {})
+        headers = {} if kid == "" else {"kid": kid or self.kid}
         return jwt.encode(
-            claims, key or self.key, algorithm=algorithm, headers={"kid": kid or self.kid}
+            {name: value for name, value in said.items() if name not in without},
+            key or self.key,
+            algorithm=algorithm,
+            headers=headers,
         )
 
     def invoke(
@@ -241,7 +261,9 @@ class BotFrameworkFake:
     async def _keys(self, request: Request) -> Response:
         self.key_fetches += 1
         jwk = json.loads(RSAAlgorithm.to_jwk(self.key.public_key()))
-        jwk |= {"kid": self.kid, "use": "sig", "endorsements": ["msteams"]}
+        jwk |= {"kid": self.kid, "use": "sig"}
+        if self.endorsements is not None:
+            jwk["endorsements"] = self.endorsements
         return JSONResponse({"keys": [jwk]})
 
     async def _token(self, request: Request) -> Response:
@@ -260,11 +282,25 @@ class BotFrameworkFake:
 
     def _authorized(self, request: Request) -> bool:
         header = request.headers.get("authorization", "")
+        self.bearers.append(header)
         return header.removeprefix("Bearer ") in self.tokens
 
-    async def _post(self, request: Request) -> Response:
+    async def _refused(self, request: Request) -> Response | None:
+        """How Teams answers a post or a replacement it does not take, if it does not."""
+        self.attempts += 1
         if not self._authorized(request):
             return JSONResponse({"error": {"code": "Unauthorized"}}, status_code=401)
+        if self.failures:
+            status, headers = self.failures.pop(0)
+            return JSONResponse({"error": {"code": "Failing"}}, status, headers=headers)
+        if len(await request.body()) > self.max_activity:
+            return JSONResponse({"error": {"code": "RequestEntityTooLarge"}}, status_code=413)
+        return None
+
+    async def _post(self, request: Request) -> Response:
+        refused = await self._refused(request)
+        if refused is not None:
+            return refused
         activity = await request.json()
         posted = Posted(request.path_params["conversation"], f"1{next(self._ids):012d}")
         posted.versions.append(activity)
@@ -272,8 +308,9 @@ class BotFrameworkFake:
         return JSONResponse({"id": posted.id}, status_code=201)
 
     async def _update(self, request: Request) -> Response:
-        if not self._authorized(request):
-            return JSONResponse({"error": {"code": "Unauthorized"}}, status_code=401)
+        refused = await self._refused(request)
+        if refused is not None:
+            return refused
         conversation = request.path_params["conversation"]
         self.updates.append((conversation, request.path_params["activity"]))
         for posted in self.cards(conversation):
