@@ -73,6 +73,13 @@ RESPOND_CALLBACK = "nodbot.respond"
 
 MAX_BLOCKS = 50
 SECTION = 3000
+INPUT_TEXT = 3000
+"""The most characters a modal's text input holds (its `initial_value` too)."""
+OPTIONS = 100
+"""The most options of a select."""
+BLOCK_ID = 255
+MAX_INPUTS = 90
+"""The most inputs of the Edit modal (a modal holds 100 blocks; the summary and a note)."""
 FIELD = 2000
 HEADER = 150
 CONFIRM = 300
@@ -371,16 +378,41 @@ def respond_modal(record: ApprovalRecord) -> dict[str, Any]:
     return view
 
 
+def modal_fields(fields: Sequence[EditField]) -> tuple[list[EditField], list[EditField]]:
+    """The editable arguments an Edit modal holds, and those it leaves out. An input shows
+    a value whole or not at all: a text longer than an input holds (`INPUT_TEXT`) would be
+    shown cut and come back cut, the edit of a reviewer who changed another input; a select
+    of more than `OPTIONS` choices could not show the current one. So could an argument whose
+    name makes a block id over `BLOCK_ID`, or one past `MAX_INPUTS`. What is left out keeps
+    its value (the web inbox edits it)."""
+    shown: list[EditField] = []
+    left: list[EditField] = []
+    for spec in fields:
+        fits = (
+            len(spec.text) <= INPUT_TEXT
+            and len(spec.options) <= OPTIONS
+            and len(spec.input_name) <= BLOCK_ID
+            and len(shown) < MAX_INPUTS
+        )
+        (shown if fits else left).append(spec)
+    return shown, left
+
+
 def edit_modal(record: ApprovalRecord, fields: Sequence[EditField]) -> dict[str, Any]:
-    """The Edit modal: one input per editable argument (`bot.forms.edit_fields`),
-    typed: numbers, a select for booleans and enums, text, and JSON for the rest."""
-    inputs = [_input(spec) for spec in fields]
+    """The Edit modal: one input per editable argument (`bot.forms.edit_fields`) it can
+    hold (`modal_fields`), typed: numbers, a select for booleans and enums, text, and JSON
+    for the rest; a line names those left out, which keep their values."""
+    shown, left = modal_fields(fields)
+    names = ", ".join(f"`{escape(plain(spec.name, 100))}`" for spec in left)
     view: dict[str, Any] = _render(
         "edit_modal.json.j2",
         approval_id=record.approval_id,
         title=plain(f"Edit {record.request.tool}", 24),
         summary=_summary(record),
-        inputs=inputs,
+        inputs=[_input(spec) for spec in shown],
+        left_out=clip(f"Too long to edit here, so kept as they are: {names}", SECTION)
+        if left
+        else None,
     )
     return view
 
@@ -399,7 +431,7 @@ def _input(spec: EditField) -> dict[str, Any]:
     elif spec.kind in ("boolean", "enum"):
         options = [
             {"text": {"type": "plain_text", "text": plain(label or "(none)", 75)}, "value": value}
-            for value, label in spec.options[:100]
+            for value, label in spec.options
         ]
         element = {"type": "static_select", "action_id": "value", "options": options}
         chosen = [option for option in options if option["value"] == spec.text]
@@ -412,7 +444,7 @@ def _input(spec: EditField) -> dict[str, Any]:
             "multiline": spec.kind == "json" or spec.multiline,
         }
         if spec.text:
-            element["initial_value"] = clip(spec.text, 3000)
+            element["initial_value"] = spec.text  # whole: `modal_fields`
     return {
         "block_id": "arg." + spec.name,
         "optional": spec.nullable,

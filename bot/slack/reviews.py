@@ -78,6 +78,7 @@ from nodbot.bot.slack.messages import (
     RESPOND_CALLBACK,
     deny_modal,
     edit_modal,
+    modal_fields,
     respond_modal,
 )
 from nodbot.bot.slack.questions import (
@@ -228,6 +229,9 @@ class SlackReviews:
         fields = self._fields(record)
         if not fields:
             await self._tell(click, "nothing of this call may be edited here")
+            return
+        if not modal_fields(fields)[0]:
+            await self._tell(click, "nothing of this call fits a Slack form; edit it in the inbox")
             return
         await self.channel.client.views_open(
             trigger_id=click.trigger_id, view=_with_message(edit_modal(record, fields), click)

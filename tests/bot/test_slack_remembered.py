@@ -268,6 +268,26 @@ async def test_the_edit_modal_of_an_external_tool_is_typed_by_its_schema(bot: Bo
     assert record.decision.decided_by == bot.lead.id
 
 
+async def test_an_argument_too_long_for_the_modal_is_left_out_not_cut(bot: Bot) -> None:
+    """A text input holds 3,000 characters. Shown cut, a longer body would come back cut when
+    the reviewer changed only the priority, and the mail would go out cut: it is left out of
+    the modal, named, and keeps its value."""
+    body = "Dear customer,\n" + "x" * 4_000
+    asked = await bot.ask("send_email", SCHEMA, to="ana@example.com", body=body, priority=2)
+    message = await bot.posted()
+    await bot.click(message, "nodbot.edit")
+    await bot.slack.wait_until(lambda: bool(bot.slack.views), 10, "views.open")
+    view = bot.slack.views[-1]
+    # The reviewer changes the priority; the other inputs go as they were opened.
+    answer = await bot.send(bot.slack.submit(view, bot.lead, {"arg.priority": {"value": "4"}}))
+    assert answer.status_code == 200 and not answer.content
+    record = await bot.record(asked["approval_id"])
+    assert record.decision is not None and record.decision.edited_args == {"priority": 4}
+    inputs = [b["block_id"] for b in view.blocks if b["type"] == "input"]
+    assert sorted(inputs) == ["arg.priority", "arg.to"]
+    assert "kept as they are: `body`" in json.dumps(view.blocks)
+
+
 async def test_an_external_tool_without_a_schema_offers_no_edit(bot: Bot) -> None:
     await bot.ask("send_email", to="ana@example.com", body="hello")
     message = await bot.posted()

@@ -1105,6 +1105,15 @@ def _option(element: JSON, value: str) -> JSON:
     raise AssertionError(f"{element.get('action_id')!r} has no option with value {value!r}")
 
 
+def _initial(element: JSON) -> Any:
+    """What an input an opened view shows holds before anyone types or picks: its initial
+    value (a text or number input), the value of its initial option (a select), else None."""
+    if "initial_value" in element:
+        return element["initial_value"]
+    option = element.get("initial_option")
+    return option.get("value") if isinstance(option, dict) else None
+
+
 def state_value(element: JSON, value: Any) -> JSON:
     """The state.values entry Slack sends for `element` holding `value` (a dict is taken as
     the entry itself; None is an empty field)."""
@@ -1671,7 +1680,8 @@ class SlackFake:
         """The `view_submission` payload of `user` submitting an opened view. `values` is
         {block_id: {action_id: value}} for its input blocks (a string for a text input, an
         option value for a select, a list for multi-selects, or the state entry itself);
-        inputs left out are sent empty, as Slack does."""
+        inputs left out are sent as they were opened, as Slack does: with their initial value
+        or option, else empty."""
         given = {b: dict(a) for b, a in (values or {}).items()}
         state: JSON = {}
         for block in view.blocks:
@@ -1680,6 +1690,8 @@ class SlackFake:
             element = block["element"]
             block_id, action_id = str(block.get("block_id")), str(element.get("action_id"))
             value = given.get(block_id, {}).pop(action_id, None)
+            if value is None:
+                value = _initial(element)
             state[block_id] = {action_id: state_value(element, value)}
         unknown = {b: list(a) for b, a in given.items() if a}
         if unknown:
