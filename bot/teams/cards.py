@@ -1,6 +1,8 @@
 """The Adaptive Cards of the Teams channel (templates in `templates/teams`): a review's
 request (Approve / Edit / Deny as `Action.Execute`), its edit form (inputs typed from the
-tool's schema, as `bot.forms` builds them for every channel), and the decided card. A
+tool's schema, as `bot.forms` builds them for every channel), the decided card, and the
+cards of the replies under it: a reminder (`reminder_card`) and an escalation
+(`escalation_card`), without actions or `refresh`, naming reviewers by their handles. A
 question's cards (`bot.teams.questions`) are built with the `render`, `plain` and `when` of
 this module.
 
@@ -25,13 +27,16 @@ import jinja2
 from nodbot.bot.forms import MAX_REASON, EditField, shown
 from nodbot.bot.slack.messages import decided_verb
 from nodbot.core import ApprovalRecord
+from nodbot.core.questions import is_question
 from nodbot.core.store import TIMEOUT_DECIDER
 
 __all__ = [
     "MAX_CARD",
     "decided_card",
     "edit_card",
+    "escalation_card",
     "plain",
+    "reminder_card",
     "render",
     "request_card",
     "review_card",
@@ -53,6 +58,8 @@ input must hold the whole value, or saving it would cut it)."""
 MAX_EDIT_OPTIONS = 100
 """The most options of a choice the edit form offers; a field with more is edited in the
 inbox."""
+MAX_NAMED = 20
+"""The most reviewers a reminder or an escalation names (then: how many more)."""
 _SHORTEST = 20
 """The shortest a shortened text is clipped to."""
 
@@ -225,6 +232,60 @@ def decided_card(record: ApprovalRecord) -> dict[str, Any]:
         edited=bool(decision.edited_args),
         arguments=_arguments(arguments),
     )
+
+
+def reminder_card(
+    record: ApprovalRecord,
+    *,
+    step: int,
+    limit: int,
+    waiting: Sequence[str],
+    needed: int,
+) -> dict[str, Any]:
+    """The card of reminder `step` of `limit`, a reply under the review's card: it still
+    waits (`needed` approvals more, the deadline), and who has not acted yet (`waiting`,
+    handles as the rules write them, escaped: nobody is @mentioned)."""
+    return render(
+        "reminder.json.j2",
+        step=step,
+        limit=limit,
+        waiting=_named(waiting),
+        **_waiting(record, needed),
+    )
+
+
+def escalation_card(
+    record: ApprovalRecord, *, escalated_to: Sequence[str], needed: int
+) -> dict[str, Any]:
+    """The card of the review's escalation, a reply under its card: who may now decide too
+    (`escalated_to`, handles escaped), `needed` approvals more, the deadline."""
+    return render(
+        "escalated.json.j2",
+        escalated_to=_named(escalated_to) or "more reviewers",
+        **_waiting(record, needed),
+    )
+
+
+def _waiting(record: ApprovalRecord, needed: int) -> dict[str, Any]:
+    """What a reminder and an escalation say of the review itself."""
+    request = record.request
+    deadline = None
+    if request.deadline is not None:
+        deadline = f"{when(request.deadline)} (then: {plain(request.on_timeout, 50)})"
+    return {
+        "question": is_question(request),
+        "tool": plain(request.tool, 200),
+        "needed": max(1, needed),
+        "deadline": deadline,
+    }
+
+
+def _named(handles: Sequence[str]) -> str:
+    """`handles` as a card names them: escaped, at most `MAX_NAMED`, then how many more."""
+    shown = [plain(handle, 200) for handle in handles[:MAX_NAMED]]
+    if len(handles) > MAX_NAMED:
+        shown.append(f"{len(handles) - MAX_NAMED} more")
+    return ", ".join(shown)
 
 
 def edit_card(

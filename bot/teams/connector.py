@@ -1,6 +1,7 @@
 """The Bot Framework connector's REST API, as far as the Teams channel uses it: post an
-activity to a conversation, replace it, and read a member (their address), each with the
-bot's own token (`BotToken`) through the bot's one outbound session."""
+activity to a conversation, reply to one (a reminder or an escalation under a review's
+card), replace one, and read a member (their address), each with the bot's own token
+(`BotToken`) through the bot's one outbound session."""
 
 from __future__ import annotations
 
@@ -59,6 +60,21 @@ class Connector:
         posted = found.get("id")
         if not isinstance(posted, str) or not posted:
             raise ConnectorError("the connector answered a post without the activity's id")
+        return posted
+
+    async def reply(
+        self, service_url: str, conversation: str, activity_id: str, activity: dict[str, Any]
+    ) -> str:
+        """Post `activity` as a reply to activity `activity_id` (`replyToId`); the reply's id.
+        Raises `ConnectorError`."""
+        url = (
+            f"{_base(service_url)}/v3/conversations/{quote(conversation, safe='')}"
+            f"/activities/{quote(activity_id, safe='')}"
+        )
+        found = await self._call("POST", url, {**activity, "replyToId": activity_id})
+        posted = found.get("id")
+        if not isinstance(posted, str) or not posted:
+            raise ConnectorError("the connector answered a reply without the activity's id")
         return posted
 
     async def update(

@@ -6,8 +6,9 @@
 - the token endpoint (`/token`): client credentials of the one registered bot, answering a
   bearer token the connector then wants;
 - the connector (`service_url`, under `/connector`): posts of activities to a conversation
-  and their replacements are kept (`posts`, `cards`), and members are read back as Teams
-  answers them (`add_member`).
+  and their replacements are kept (`posts`, `cards`), replies to a posted activity too
+  (`replies`, `replies_to`: Reply to Activity, a POST to the activity's own address), and
+  members are read back as Teams answers them (`add_member`).
 
 `BotFrameworkFake.sign` makes the JWT the Bot Framework puts in the `Authorization` header of
 each activity it sends to the bot (RS256, issuer `https://api.botframework.com`, audience the
@@ -68,6 +69,8 @@ class Posted:
     conversation: str
     id: str
     versions: list[dict[str, Any]] = field(default_factory=list)
+    reply_to: str | None = None
+    """For a reply: the id of the activity it replies to (the address it was posted to)."""
 
     @property
     def activity(self) -> dict[str, Any]:
@@ -93,6 +96,8 @@ class BotFrameworkFake:
         self.kid = f"test-key-{secrets.token_hex(4)}"
         self.base_url = ""
         self.posts: list[Posted] = []
+        self.replies: list[Posted] = []
+        """The replies the bot posted under its activities, in order."""
         self.members: dict[str, dict[str, Any]] = {}
         self.tokens: set[str] = set()
         self.updates: list[tuple[str, str]] = []
@@ -133,6 +138,11 @@ class BotFrameworkFake:
                     methods=["PUT"],
                 ),
                 Route(
+                    "/connector/v3/conversations/{conversation}/activities/{activity}",
+                    self._reply,
+                    methods=["POST"],
+                ),
+                Route(
                     "/connector/v3/conversations/{conversation}/members/{user}",
                     self._member,
                     methods=["GET"],
@@ -168,6 +178,14 @@ class BotFrameworkFake:
     def cards(self, conversation: str) -> list[Posted]:
         """What the bot posted to `conversation`, in order."""
         return [posted for posted in self.posts if posted.conversation == conversation]
+
+    def replies_to(self, posted: Posted) -> list[Posted]:
+        """The replies the bot posted under `posted`, in order."""
+        return [
+            reply
+            for reply in self.replies
+            if reply.conversation == posted.conversation and reply.reply_to == posted.id
+        ]
 
     def sign(
         self,
@@ -318,6 +336,18 @@ class BotFrameworkFake:
                 posted.versions.append(await request.json())
                 return JSONResponse({"id": posted.id})
         return JSONResponse({"error": {"code": "ActivityNotFound"}}, status_code=404)
+
+    async def _reply(self, request: Request) -> Response:
+        refused = await self._refused(request)
+        if refused is not None:
+            return refused
+        conversation, replied = request.path_params["conversation"], request.path_params["activity"]
+        if not any(posted.id == replied for posted in self.cards(conversation)):
+            return JSONResponse({"error": {"code": "ActivityNotFound"}}, status_code=404)
+        reply = Posted(conversation, f"1{next(self._ids):012d}", reply_to=replied)
+        reply.versions.append(await request.json())
+        self.replies.append(reply)
+        return JSONResponse({"id": reply.id}, status_code=201)
 
     async def _member(self, request: Request) -> Response:
         self.member_lookups += 1
