@@ -184,6 +184,9 @@ async def _serving(
         for delegating in (slack_channel, email_channel):
             if delegating is not None:
                 delegating.delegations = authorizer.delegations
+        # Discord's reminders mention reviewers by the Discord ids of their `people:` entries.
+        if discord_channel is not None:
+            discord_channel.people = authorizer.people
         service = BotService(
             config,
             store,

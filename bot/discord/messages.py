@@ -10,14 +10,21 @@ shapes with its own actions: `nodbot:answer:<approval id>` (its menu of choices,
 Answer button) and `nodbot:decline:<approval id>`, and their forms
 `nodbot:<answer|decline>-form:...`.
 
+A reminder or an escalation is a reply to the review's message (`reminder_message`,
+`escalation_message`): it mentions Discord users by id (`<@id>`), as many as fit (at most
+`MAX_MENTIONS`), and lets those alone be pinged (`allowed_mentions: {users: [...]}`); anyone
+else it names is shown escaped. Its last line (the review and the step) is never cut: a
+retry finds an earlier post by it.
+
 Tool arguments come from a model: everything shown is escaped for Discord's markdown
 (`escape`), argument values are shown in code blocks whose fences cannot be closed early
 (`code`), with every invisible or reordering character (a bidirectional override, a
 zero-width space) written as its escape (`visible`; in a tool's name, why, who and a reason
 too, and why and who kept on their line, `one_line`), every message carries `allowed_mentions:
-{parse: []}` (no `@everyone` in an argument pings anyone), and lengths are cut to stay within
-Discord's 2,000 characters: the arguments' block to the room the rest leaves, saying how long
-they are in all, so that the block is never cut open by the message's limit.
+{parse: []}` (no `@everyone` in an argument pings anyone; a reminder or an escalation, the
+list of the users it mentions instead), and lengths are cut to stay within Discord's 2,000
+characters: the arguments' block to the room the rest leaves, saying how long they are in
+all, so that the block is never cut open by the message's limit.
 """
 
 from __future__ import annotations
@@ -32,6 +39,7 @@ import jinja2
 from nodbot.bot.forms import EditField
 from nodbot.bot.slack.messages import decided_verb
 from nodbot.core import ApprovalRecord
+from nodbot.core.questions import is_question
 
 __all__ = [
     "Action",
@@ -40,9 +48,11 @@ __all__ = [
     "decided_message",
     "deny_modal",
     "edit_modal",
+    "escalation_message",
     "escape",
     "form_fields",
     "form_of",
+    "reminder_message",
     "render",
     "request_message",
     "told",
@@ -62,6 +72,11 @@ MAX_INPUT = 4000
 """Characters of a modal text input's value at most (Discord's limit)."""
 MAX_CUSTOM_ID = 100
 """Characters of a component's `custom_id` at most (Discord's limit)."""
+MAX_MENTIONS = 50
+"""Users a reminder or an escalation mentions at most (Discord pings 100 a message at most);
+the rest are counted ("and 3 more")."""
+MAX_NAMED = 10
+"""Others (not Discord users) an escalation names at most; the rest are counted."""
 _SMALLEST_BLOCK = 60
 """Characters a code block is given at least (its fences and how long it is in all)."""
 _FENCE = "```"
@@ -224,6 +239,83 @@ def decided_message(record: ApprovalRecord, *, page: str | None) -> dict[str, An
         values["edited"] = None
     blocks["arguments"] = (request.arguments, 900)
     return _fitted("decided.json.j2", values, blocks)
+
+
+def reminder_message(
+    record: ApprovalRecord,
+    *,
+    step: int,
+    limit: int,
+    needed: int,
+    users: list[str],
+    page: str | None,
+) -> dict[str, Any]:
+    """Reminder `step` of `limit` of a review that still waits (`needed` approvals still
+    needed), as a reply (`reminder.json.j2`): it mentions `users` (Discord user ids) and pings
+    them alone (`allowed_mentions`), and says the review waits when there is none."""
+    values = _waiting(record, needed=needed, page=page)
+    return _replying("reminder.json.j2", {**values, "step": step, "limit": limit}, users, [])
+
+
+def escalation_message(
+    record: ApprovalRecord,
+    *,
+    needed: int,
+    users: list[str],
+    named: list[str],
+    page: str | None,
+) -> dict[str, Any]:
+    """The escalation of a review that still waits, as a reply (`escalation.json.j2`): who
+    may now decide it too, `users` (Discord user ids) mentioned and pinged alone
+    (`allowed_mentions`), `named` (handles of others) shown escaped."""
+    values = {**_waiting(record, needed=needed, page=page), "since": when(record.created_at)}
+    return _replying("escalation.json.j2", values, users, named)
+
+
+def _waiting(record: ApprovalRecord, *, needed: int, page: str | None) -> dict[str, Any]:
+    """What a reply about a review still waiting says of it, made safe for Discord."""
+    deadline = record.request.deadline
+    return {
+        "question": is_question(record.request),
+        "tool": escape(clip(visible(record.request.tool), 100)),
+        "needed": needed,
+        "deadline": when(deadline) if deadline is not None else None,
+        "approval_id": escape(record.approval_id),
+        "page": page,
+    }
+
+
+def _replying(
+    name: str, values: dict[str, Any], users: list[str], named: list[str]
+) -> dict[str, Any]:
+    """Template `name` with `values`, mentioning the Discord users `users` (ids; anything else
+    is left out) and naming `named`, as many of them as fit within `MAX_CONTENT` (at most
+    `MAX_MENTIONS` and `MAX_NAMED`), the rest counted: the message is never cut, so that its
+    last line stays whole (a retry finds the message by it). Only the users mentioned are
+    pinged (`allowed_mentions: {"users": [...]}`): never a role, never `@everyone`."""
+    ids = [user for user in dict.fromkeys(users) if re.fullmatch(_SNOWFLAKE, user)]
+    others = [escape(clip(visible(one_line(handle)), 80)) for handle in dict.fromkeys(named)]
+    shown_ids, shown_others = ids[:MAX_MENTIONS], others[:MAX_NAMED]
+    while True:
+        mentions = [f"<@{user}>" for user in shown_ids]
+        more = len(ids) + len(others) - len(shown_ids) - len(shown_others)
+        rendered: dict[str, Any] = json.loads(
+            _templates.get_template(name).render(
+                **values,
+                mentions=mentions,
+                named=mentions + shown_others,
+                users=shown_ids,
+                more=more,
+            )
+        )
+        content = str(rendered.get("content") or "")
+        if len(content) <= MAX_CONTENT or not (shown_ids or shown_others):
+            rendered["content"] = clip(content, MAX_CONTENT)
+            return rendered
+        if shown_others:
+            shown_others = shown_others[:-1]
+        else:
+            shown_ids = shown_ids[:-1]
 
 
 def form_fields(fields: list[EditField]) -> list[EditField]:

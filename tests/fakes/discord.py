@@ -3,10 +3,12 @@ of interactions as Discord signs them.
 
 The fake serves what nodbot's Discord channel calls (`/api/v10` under its `api_url`):
 posting a message to a channel (honouring `nonce` with `enforce_nonce`, as Discord does:
-the same nonce from the same author returns the first message), editing one, reading a
-channel's latest messages, and an interaction's follow-up messages. It checks the bot's
+the same nonce from the same author returns the first message; a reply, `message_reference`,
+to a message not in the channel refused as Discord refuses it), editing one, reading a
+channel's latest messages (a reply with its `message_reference`), and an interaction's
+follow-up messages. It checks the bot's
 token (`Authorization: Bot <token>`), keeps every message with its edits for the test to
-read, and fails on demand (`fail_next`).
+read, and fails on demand (`fail_next`; `lose_next_answers`: posted, but answered as failed).
 
     async with discord_fake() as discord:
         ...  # run nodbot with discord.api_url, discord.bot_token, discord.public_key
@@ -48,6 +50,8 @@ GUILD_ID = "1200000000000000002"
 MAX_CONTENT = 2000
 MAX_CUSTOM_ID = 100
 MAX_NONCE = 25
+MAX_MENTIONS = 100
+"""Ids of users (or roles) a message's `allowed_mentions` may list at most."""
 MAX_OPTIONS = 25
 MAX_OPTION = 100
 MAX_TITLE = 45
@@ -115,14 +119,35 @@ class Message:
             for button in row.get("components") or []
         ]
 
+    @property
+    def replies_to(self) -> str | None:
+        """The id of the message this one replies to (its `message_reference`), or None."""
+        reference = self.body.get("message_reference")
+        return str(reference.get("message_id")) if isinstance(reference, dict) else None
+
+    @property
+    def pings(self) -> JSON:
+        """Whom the message may ping (its `allowed_mentions`; Discord's default, everyone
+        its content mentions, when absent)."""
+        found = self.body.get("allowed_mentions")
+        return dict(found) if isinstance(found, dict) else {"parse": ["users", "roles", "everyone"]}
+
     def to_api(self) -> JSON:
-        return {
+        found: JSON = {
             "id": self.id,
             "channel_id": self.channel_id,
             "author": {"id": APPLICATION_ID, "bot": True},
             "content": self.content,
             "components": self.body.get("components") or [],
         }
+        if self.replies_to is not None:  # a reply, as Discord shows one (type 19)
+            found["type"] = 19
+            found["message_reference"] = {
+                "message_id": self.replies_to,
+                "channel_id": self.channel_id,
+                "guild_id": GUILD_ID,
+            }
+        return found
 
 
 @dataclass
@@ -148,6 +173,8 @@ class DiscordFake:
         self.requests: list[tuple[str, str]] = []
         """Every call, (method, path)."""
         self._failures: list[tuple[int, JSON]] = []
+        self._lost = 0
+        """Posts still to be made but answered as failed (`lose_next_answers`)."""
         self.held: asyncio.Event | None = None
         """When set to an event: a post is made (its message is in the channel) but answered
         only once the event is set, as a slow Discord answers."""
@@ -178,6 +205,16 @@ class DiscordFake:
         """Delete a message as a moderator would: an edit of it is then answered 404."""
         self._messages.pop(message_id, None)
 
+    def forget_nonces(self) -> None:
+        """Forget the nonces of the posts so far, as Discord does after a few minutes: a post
+        with one of them is then a new message."""
+        self._nonces.clear()
+
+    def lose_next_answers(self, count: int = 1) -> None:
+        """The next `count` posts are made (each message is in its channel) but answered
+        500, as when Discord's answer is lost on the way: the bot cannot know it posted."""
+        self._lost += count
+
     def fail_next(self, status: int, body: JSON | None = None) -> None:
         """The next call to the bot's API answers `status` with `body`."""
         self._failures.append((status, body or {"message": "failed on purpose", "code": 0}))
@@ -206,13 +243,32 @@ class DiscordFake:
         if body.get("enforce_nonce") and nonce in self._nonces:
             return JSONResponse(self._messages[self._nonces[nonce]].to_api())
         channel = request.path_params["channel"]
+        unknown = self._unknown_reference(body, channel)
+        if unknown is not None:
+            return JSONResponse({"message": unknown, "code": 50035}, status_code=400)
         message = Message(str(next(self._ids)), channel, body)
         self._messages[message.id] = message
         if isinstance(nonce, str):
             self._nonces[nonce] = message.id
         if self.held is not None:  # posted, and seen in the channel, but not answered yet
             await self.held.wait()
+        if self._lost:
+            self._lost -= 1
+            return JSONResponse({"message": "answer lost on purpose", "code": 0}, status_code=500)
         return JSONResponse(message.to_api())
+
+    def _unknown_reference(self, body: JSON, channel: str) -> str | None:
+        """What Discord says of a reply to a message that is not in the channel (deleted, or
+        never there), unless the reply says to post anyway (`fail_if_not_exists: false`)."""
+        reference = body.get("message_reference")
+        if not isinstance(reference, dict):
+            return None
+        replied = self._messages.get(str(reference.get("message_id")))
+        if replied is not None and replied.channel_id == channel:
+            return None
+        if reference.get("fail_if_not_exists", True) is False:
+            return None
+        return "message_reference: Unknown message"
 
     async def _edit(self, request: Request) -> Response:
         refused = self._refusal(request)
@@ -256,6 +312,9 @@ def _problem(body: Any) -> str | None:
     nonce = body.get("nonce")
     if nonce is not None and (not isinstance(nonce, str) or len(nonce) > MAX_NONCE):
         return "nonce: must be 25 or fewer in length"
+    problem = _mentions_problem(body.get("allowed_mentions"))
+    if problem is not None:
+        return problem
     for row in body.get("components") or []:
         if row.get("type") != 1 or not 1 <= len(row.get("components") or []) <= 5:
             return "components: an action row of 1 to 5 components"
@@ -267,6 +326,24 @@ def _problem(body: Any) -> str | None:
                 problem = _select_problem(button, alone=len(components) == 1)
                 if problem is not None:
                     return problem
+    return None
+
+
+def _mentions_problem(allowed: Any) -> str | None:
+    """What Discord would refuse in a message's `allowed_mentions`."""
+    if allowed is None:
+        return None
+    if not isinstance(allowed, dict):
+        return "allowed_mentions: not an object"
+    parse = allowed.get("parse") or []
+    for kind in ("users", "roles"):
+        listed = allowed.get(kind)
+        if listed is None:
+            continue
+        if not isinstance(listed, list) or len(listed) > MAX_MENTIONS:
+            return f"allowed_mentions.{kind}: a list of at most 100 ids"
+        if kind in parse:
+            return f"allowed_mentions: parse {kind} and a list of {kind} are mutually exclusive"
     return None
 
 
