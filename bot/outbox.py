@@ -22,7 +22,7 @@ from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
 from typing import Any, Literal, Protocol, TypeAlias
 
-from nodbot.bot.config.values import normalize_handle
+from nodbot.bot.config.values import Reviewer, normalize_handle, parse_reviewer
 from nodbot.bot.metrics import METRICS
 from nodbot.core import (
     Announcement,
@@ -46,12 +46,14 @@ __all__ = [
     "Moment",
     "OutboxStore",
     "acted",
+    "approvals_needed",
     "backoff",
     "reminder_skipped",
     "reminder_step",
     "reminder_steps",
     "reminder_target",
     "retry_after",
+    "stored_reviewers",
 ]
 
 log = logging.getLogger(__name__)
@@ -207,6 +209,27 @@ async def acted(store: ApprovalStore, approval_id: str) -> frozenset[str]:
                 found.add(normalize_handle(handle))
                 found.add(normalize_handle(handle.partition(":")[2] or handle))
     return frozenset(found)
+
+
+async def approvals_needed(store: ApprovalStore, record: ApprovalRecord) -> int:
+    """The approvals an undecided review still needs (at least one): those its rule asks
+    for, less the persons who have voted (every vote on an undecided review is an approval:
+    a deny decides), for what a reminder or an escalation says."""
+    events = await store.events(record.approval_id)
+    voters = {event.person or event.actor for event in events if event.kind == "voted"}
+    return max(1, record.request.approvals_required - len(voters))
+
+
+def stored_reviewers(texts: object) -> list[Reviewer]:
+    """The reviewer entries of a stored policy's list (`reviewers`, `escalate_to`), those
+    understood; one that is not is logged and skipped."""
+    found = []
+    for text in texts if isinstance(texts, list) else []:
+        try:
+            found.append(parse_reviewer(text))
+        except ValueError:
+            log.warning("reviewer %r of a stored review is not understood; skipped", text)
+    return found
 
 
 def backoff(attempts: int, *, base: float = 1.0, cap: float = 300.0) -> float:

@@ -71,6 +71,7 @@ from nodbot.bot.outbox import (
     Moment,
     OutboxStore,
     acted,
+    approvals_needed,
     reminder_skipped,
     reminder_step,
     reminder_steps,
@@ -314,7 +315,7 @@ class DiscordChannel:
             record,
             step=step,
             limit=len(reminder_steps(record)),
-            needed=await self._needed(record),
+            needed=await approvals_needed(self.store, record),
             users=users,
             page=inbox_page(self.public_url, record.approval_id),
         )
@@ -336,7 +337,7 @@ class DiscordChannel:
             users += [user for user in found or [] if user not in users]
         body = escalation_message(
             record,
-            needed=await self._needed(record),
+            needed=await approvals_needed(self.store, record),
             users=users,
             named=named,
             page=inbox_page(self.public_url, record.approval_id),
@@ -366,19 +367,6 @@ class DiscordChannel:
         if normalize_handle(person.key) in voted or person.handles & voted:
             return []
         return ids
-
-    async def _needed(self, record: ApprovalRecord) -> int:
-        """How many approvals the review still needs (at least one: it is undecided)."""
-        required = record.request.approvals_required
-        if required <= 1:
-            return 1
-        events = await self.store.events(record.approval_id)
-        approved = sum(
-            1
-            for event in events
-            if event.kind == "voted" and event.detail.get("action") in ("approve", "edit")
-        )
-        return max(1, required - approved)
 
     async def _reply(
         self, delivery: Delivery, record: ApprovalRecord, body: dict[str, Any]

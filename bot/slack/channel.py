@@ -95,6 +95,7 @@ from nodbot.bot.outbox import (
     reminder_steps,
     reminder_target,
     retry_after,
+    stored_reviewers,
 )
 from nodbot.bot.policy.delegation import Delegations
 from nodbot.bot.policy.people import IdentityUnavailable
@@ -200,16 +201,6 @@ def slack_client(
     return AsyncWebClient(token=config.bot_token.get_secret_value(), **options)
 
 
-def _reviewers(texts: object) -> list[Reviewer]:
-    found = []
-    for text in texts if isinstance(texts, list) else []:
-        try:
-            found.append(parse_reviewer(text))
-        except ValueError:
-            log.warning("reviewer %r of a stored review is not understood; skipped", text)
-    return found
-
-
 def places(reviewers: Sequence[Reviewer], post_to: Sequence[str] | None) -> list[str]:
     """Where a review goes in Slack: `channel:<#name or id>` and `dm:<user, group or email>`
     (the other chats' places in `post_to` are theirs)."""
@@ -270,9 +261,9 @@ class SlackChannel:
 
     def targets(self, record: ApprovalRecord, stage: Moment) -> list[NewDelivery]:
         policy = record.request.policy
-        asked = places(_reviewers(policy.get("reviewers")), policy.get("post_to"))
+        asked = places(stored_reviewers(policy.get("reviewers")), policy.get("post_to"))
         escalate_at = policy.get("escalate_at")
-        later = places(_reviewers(policy.get("escalate_to")), None) if escalate_at else []
+        later = places(stored_reviewers(policy.get("escalate_to")), None) if escalate_at else []
         if stage == "outcome":
             return [NewDelivery("outcome", MESSAGES_TARGET)] if asked or later else []
         if stage == "answer":
@@ -739,9 +730,9 @@ class SlackChannel:
                 return None
             return [user]
         policy = record.request.policy
-        entries = _reviewers(policy.get("reviewers"))
+        entries = stored_reviewers(policy.get("reviewers"))
         if post.kind == "escalation":
-            entries += _reviewers(policy.get("escalate_to"))
+            entries += stored_reviewers(policy.get("escalate_to"))
         users: list[str] = []
         for entry in entries:
             if entry.kind in ("slack_user", "email"):

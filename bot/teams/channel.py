@@ -51,16 +51,18 @@ from typing import Any
 import aiohttp
 
 from nodbot.bot.config.models import TeamsConfig
-from nodbot.bot.config.values import Reviewer, normalize_handle, parse_reviewer
+from nodbot.bot.config.values import normalize_handle
 from nodbot.bot.outbox import (
     DeliveryError,
     Moment,
     OutboxStore,
     acted,
+    approvals_needed,
     reminder_skipped,
     reminder_step,
     reminder_steps,
     reminder_target,
+    stored_reviewers,
 )
 from nodbot.bot.slack.once import Progress
 from nodbot.bot.teams.auth import BotToken
@@ -239,7 +241,7 @@ class TeamsChannel:
             step=step,
             limit=len(reminder_steps(record)),
             waiting=waiting,
-            needed=await self._needed(record),
+            needed=await approvals_needed(self.store, record),
         )
         return {"step": step, **await self._reply_to_cards(delivery, record, card)}
 
@@ -251,8 +253,12 @@ class TeamsChannel:
         deadline = record.request.deadline
         if deadline is not None and self._clock() >= deadline:
             return _skipped(delivery, "timed out before the escalation")
-        escalated_to = [entry.text for entry in _entries(record.request.policy.get("escalate_to"))]
-        card = escalation_card(record, escalated_to=escalated_to, needed=await self._needed(record))
+        escalated_to = [
+            entry.text for entry in stored_reviewers(record.request.policy.get("escalate_to"))
+        ]
+        card = escalation_card(
+            record, escalated_to=escalated_to, needed=await approvals_needed(self.store, record)
+        )
         return await self._reply_to_cards(delivery, record, card)
 
     async def _reply_to_cards(
@@ -312,10 +318,10 @@ class TeamsChannel:
         and no entry is a place (a Slack channel or user group) whose members the bot cannot
         tell apart, so that nobody is left to remind."""
         policy = record.request.policy
-        entries = _entries(policy.get("reviewers"))
+        entries = stored_reviewers(policy.get("reviewers"))
         escalate_at = _moment(policy.get("escalate_at"))
         if escalate_at is not None and self._clock() >= escalate_at:
-            entries += _entries(policy.get("escalate_to"))
+            entries += stored_reviewers(policy.get("escalate_to"))
         if not entries:
             return []
         voted = await acted(self.store, record.approval_id)
@@ -329,13 +335,6 @@ class TeamsChannel:
             if not has_voted and entry.text not in waiting:
                 waiting.append(entry.text)
         return waiting if waiting or places else None
-
-    async def _needed(self, record: ApprovalRecord) -> int:
-        """The approvals the review still needs: those its rule asks for, less the votes
-        (every vote on an undecided review is an approval: a deny decides)."""
-        events = await self.store.events(record.approval_id)
-        voters = {event.person or event.actor for event in events if event.kind == "voted"}
-        return max(1, record.request.approvals_required - len(voters))
 
     def card(self, record: ApprovalRecord, *, error: str | None = None) -> dict[str, Any]:
         """The review's card as it stands (`error`: why the last action was refused); a
@@ -377,17 +376,6 @@ def _skipped(delivery: Delivery, why: str) -> dict[str, Any]:
     attempt made (the review was decided between two attempts)."""
     replies = replies_of(delivery.ref)
     return {"skipped": why, "replies": replies} if replies else {"skipped": why}
-
-
-def _entries(texts: object) -> list[Reviewer]:
-    """The reviewer entries of a stored policy's list, those understood."""
-    found = []
-    for text in texts if isinstance(texts, list) else []:
-        try:
-            found.append(parse_reviewer(text))
-        except ValueError:
-            log.warning("reviewer %r of a stored review is not understood; skipped", text)
-    return found
 
 
 def _moment(text: object) -> datetime | None:
